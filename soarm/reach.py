@@ -1,0 +1,198 @@
+"""The reach task, defined once for every backend and for the robot.
+
+Pure batched PyTorch functions of tensors: command sampling, the observation (the
+deployment contract: the robot builds its observation with `observe` too), the action
+mapping, rewards, terminations and domain-randomization sampling. The embedded simulator
+(training/env.py), Isaac Lab and the robot runtime all call these.
+
+Observation, in order (units as the real arm measures them, encoder-quantized):
+    joint_pos        5  rad, measured arm joint angles minus the home pose
+    joint_vel        5  rad/s, (measured_t - measured_{t-1}) * control_hz
+    fingertip        3  m, forward kinematics of the measured angles (base frame)
+    target           3  m, commanded fingertip position (base frame)
+    target_error     3  m, target - fingertip
+    last_action      5  the previous policy output (unitless, before scaling)
+Action: 5 values; arm goal = home + action_scale * action, clipped to the joint limits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from soarm.dynamics import ArmDynamics
+
+OBS_TERMS: tuple[tuple[str, int, str], ...] = (
+    ("joint_pos", 5, "rad"),
+    ("joint_vel", 5, "rad/s"),
+    ("fingertip", 3, "m"),
+    ("target", 3, "m"),
+    ("target_error", 3, "m"),
+    ("last_action", 5, "1"),
+)
+OBS_DIM = sum(n for _, n, _ in OBS_TERMS)
+ACTION_DIM = 5
+
+
+@dataclass
+class CommandCfg:
+    """Targets are fingertip positions of random joint configurations (so always reachable),
+    kept only inside a region in front of the arm."""
+    resample_s: float = 2.0                       # one target per window
+    joint_margin: float = 0.15                    # rad kept clear of each joint limit
+    pan_range: float = 1.2                        # |shoulder_pan| of sampled configurations
+    radius: tuple[float, float] = (0.12, 0.36)    # m, horizontal distance from the base axis
+    height: tuple[float, float] = (0.04, 0.32)    # m, above the base plane
+    max_bearing: float = 1.2                      # rad, |atan2(y, x)| in front of the arm
+
+    def validate(self) -> None:
+        if not self.resample_s > 0:
+            raise ValueError("command.resample_s: must be positive")
+        if not (0 <= self.radius[0] < self.radius[1] and self.height[0] < self.height[1]):
+            raise ValueError("command.radius/height: need [low, high] with low < high")
+
+
+@dataclass
+class RewardCfg:
+    position_l2: float = -1.0          # * |target - fingertip| (m)
+    position_tanh: float = 0.5         # * (1 - tanh(err / tanh_coarse))
+    position_fine: float = 1.0         # * (1 - tanh(err / tanh_fine))
+    tanh_coarse: float = 0.1           # m
+    tanh_fine: float = 0.01            # m
+    action_rate: float = -0.01         # * |a_t - a_{t-1}|^2
+    joint_vel: float = -0.001          # * |measured joint velocity|^2
+    floor: float = -5.0                # once, when the fingertip goes below floor_height
+    floor_height: float = 0.0          # m
+
+
+@dataclass
+class RandomizationCfg:
+    gain_scale: tuple[float, float] = (0.85, 1.15)
+    friction_scale: tuple[float, float] = (0.5, 1.5)
+    mass_scale: tuple[float, float] = (0.9, 1.1)
+    encoder_offset_ticks: int = 3               # uniform integer calibration error, +-ticks
+    latency_prob: float = 0.5                   # share of envs that apply actions one step late
+    start_noise: float = 0.15                   # rad around home at episode start
+
+
+@dataclass
+class ReachCfg:
+    control_hz: float = 30.0
+    physics_dt: float = 0.0056                  # s, rounded to a whole number of substeps
+    episode_s: float = 8.0
+    action_scale: float = 0.5
+    servo: str = "servo/sts3215_7v4.yaml"       # relative to configs/
+    command: CommandCfg = field(default_factory=CommandCfg)
+    reward: RewardCfg = field(default_factory=RewardCfg)
+    randomization: RandomizationCfg = field(default_factory=RandomizationCfg)
+
+    def validate(self) -> None:
+        if not 1 <= self.control_hz <= 1000:
+            raise ValueError("control_hz: must be in 1..1000")
+        if not 0 < self.physics_dt <= 1 / self.control_hz:
+            raise ValueError("physics_dt: must be positive and at most one control period")
+        if not self.episode_s >= self.command.resample_s:
+            raise ValueError("episode_s: must hold at least one target window")
+
+    @property
+    def substeps(self) -> int:
+        return max(1, round(1.0 / (self.control_hz * self.physics_dt)))
+
+    @property
+    def episode_steps(self) -> int:
+        return round(self.episode_s * self.control_hz)
+
+    @property
+    def window_steps(self) -> int:
+        return round(self.command.resample_s * self.control_hz)
+
+
+# ---------------------------------------------------------------- the contract
+def full_pose(dyn: ArmDynamics, arm_q: torch.Tensor) -> torch.Tensor:
+    """All joint angles [N, J] from arm angles [N, 5], the gripper at its hold angle."""
+    r = dyn.robot
+    q = torch.full((arm_q.shape[0], dyn.J), r.gripper_hold, device=arm_q.device, dtype=arm_q.dtype)
+    q[:, r.arm_index] = arm_q
+    return q
+
+
+def observe(dyn: ArmDynamics, arm_q: torch.Tensor, arm_q_prev: torch.Tensor, target: torch.Tensor,
+            last_action: torch.Tensor, control_hz: float) -> torch.Tensor:
+    """The policy observation [N, OBS_DIM] from encoder readings (rad), target and last action."""
+    home = torch.as_tensor(dyn.robot.home, device=arm_q.device, dtype=arm_q.dtype)
+    tip = dyn.fingertip(full_pose(dyn, arm_q))
+    vel = (arm_q - arm_q_prev) * control_hz
+    return torch.cat((arm_q - home, vel, tip, target, target - tip, last_action), dim=-1)
+
+
+def action_to_goal(dyn: ArmDynamics, action: torch.Tensor, action_scale: float) -> torch.Tensor:
+    """Arm joint goals [N, 5] (rad) for policy actions [N, 5]."""
+    r = dyn.robot
+    home = torch.as_tensor(r.home, device=action.device, dtype=action.dtype)
+    idx = r.arm_index
+    lo = torch.as_tensor(r.lower[idx], device=action.device, dtype=action.dtype)
+    hi = torch.as_tensor(r.upper[idx], device=action.device, dtype=action.dtype)
+    return torch.clamp(home + action_scale * action, lo, hi)
+
+
+def check_action(action: torch.Tensor) -> None:
+    """NaN or infinite actions are a bug upstream: refuse them rather than simulate garbage."""
+    if not bool(torch.isfinite(action).all()):
+        raise ValueError("action contains NaN or inf; refusing to step the simulation")
+
+
+# ---------------------------------------------------------------- commands
+def sample_targets(dyn: ArmDynamics, cfg: CommandCfg, n: int, gen: torch.Generator) -> torch.Tensor:
+    """n reachable fingertip targets [n, 3]: FK of random configurations inside the region."""
+    r = dyn.robot
+    idx = r.arm_index
+    lo = torch.as_tensor(r.lower[idx] + cfg.joint_margin, dtype=dyn.dtype)
+    hi = torch.as_tensor(r.upper[idx] - cfg.joint_margin, dtype=dyn.dtype)
+    lo[0], hi[0] = -cfg.pan_range, cfg.pan_range
+    out = torch.empty(n, 3, dtype=dyn.dtype)
+    todo = torch.arange(n)
+    for _ in range(50):
+        m = 4 * len(todo)
+        u = torch.rand(m, len(idx), generator=gen, dtype=dyn.dtype)
+        tip = dyn.fingertip(full_pose(dyn, (lo + u * (hi - lo)).to(dyn.device))).cpu()
+        ok = in_region(tip, cfg)
+        good = tip[ok][: len(todo)]
+        out[todo[: len(good)]] = good
+        todo = todo[len(good):]
+        if len(todo) == 0:
+            return out.to(dyn.device)
+    raise RuntimeError("command region too small: could not sample reachable targets")
+
+
+def in_region(p: torch.Tensor, cfg: CommandCfg) -> torch.Tensor:
+    radius = torch.hypot(p[:, 0], p[:, 1])
+    bearing = torch.atan2(p[:, 1], p[:, 0]).abs()
+    return ((radius >= cfg.radius[0]) & (radius <= cfg.radius[1]) & (p[:, 2] >= cfg.height[0])
+            & (p[:, 2] <= cfg.height[1]) & (bearing <= cfg.max_bearing))
+
+
+# ---------------------------------------------------------------- rewards
+def rewards(cfg: RewardCfg, error: torch.Tensor, action: torch.Tensor, last_action: torch.Tensor,
+            joint_vel: torch.Tensor, below_floor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-term rewards [N] (already weighted); their sum is the step reward."""
+    dist = error.norm(dim=-1)
+    return {
+        "position_l2": cfg.position_l2 * dist,
+        "position_tanh": cfg.position_tanh * (1 - torch.tanh(dist / cfg.tanh_coarse)),
+        "position_fine": cfg.position_fine * (1 - torch.tanh(dist / cfg.tanh_fine)),
+        "action_rate": cfg.action_rate * (action - last_action).square().sum(-1),
+        "joint_vel": cfg.joint_vel * joint_vel.square().sum(-1),
+        "floor": cfg.floor * below_floor.to(error.dtype),
+    }
+
+
+def uniform(gen: torch.Generator, shape, bounds: tuple[float, float], device, dtype) -> torch.Tensor:
+    lo, hi = bounds
+    return lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=dtype).to(device)
+
+
+def tick_offsets(gen: torch.Generator, shape, max_ticks: int, device, dtype) -> torch.Tensor:
+    ticks = torch.randint(-max_ticks, max_ticks + 1, shape, generator=gen)
+    return (ticks * (2 * math.pi / 4096)).to(device=device, dtype=dtype)

@@ -1,0 +1,95 @@
+"""Batched physics of the SO-101: rigid-body dynamics driven by one STS3215 model per joint.
+
+`ArmSim` is the plant only: joint state, servo firmware state and the per-environment
+physical parameters. It knows nothing of tasks or rewards, so the reach environment and
+the servo-bus emulator drive the very same arm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from soarm.description import RobotDescription
+from soarm.dynamics import ArmDynamics
+from soarm.servo import ServoParams, ServoRegisters, ServoState, integrate, quantize, servo_torque
+
+
+@dataclass
+class Physics:
+    """Per-environment physical parameters; tensors [N, J] (or [N, J] for link masses)."""
+    mass_scale: torch.Tensor        # link mass (and inertia) multiplier
+    gain_scale: torch.Tensor        # firmware loop gain multiplier (unit-to-unit spread)
+    coulomb: torch.Tensor           # N m
+    viscous: torch.Tensor           # N m s / rad
+    encoder_offset: torch.Tensor    # rad, whole ticks: calibration error of each joint
+
+
+class ArmSim:
+    def __init__(self, robot: RobotDescription, servo: ServoParams, registers: ServoRegisters,
+                 num_envs: int, dt: float, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        self.robot, self.servo, self.registers = robot, servo, registers
+        self.N, self.dt = num_envs, dt
+        self.dyn = ArmDynamics(robot, device, dtype)
+        J = self.J = self.dyn.J
+        kw = dict(device=self.dyn.device, dtype=dtype)
+        self.lower = torch.tensor(robot.lower, **kw)
+        self.upper = torch.tensor(robot.upper, **kw)
+        self.q = torch.zeros(num_envs, J, **kw)
+        self.qd = torch.zeros(num_envs, J, **kw)
+        self.goal = torch.zeros(num_envs, J, **kw)
+        self.firmware = ServoState(self.q)
+        self.armature = torch.eye(J, **kw) * servo.armature
+        ones = torch.ones(num_envs, J, **kw)
+        self.physics = Physics(ones.clone(), ones.clone(), ones * servo.friction_coulomb,
+                               ones * servo.friction_viscous, torch.zeros_like(ones))
+
+    def measured(self) -> torch.Tensor:
+        """Encoder readings [N, J] in rad: whole ticks, including each joint's calibration error."""
+        return quantize(self.q + self.physics.encoder_offset)
+
+    def reset(self, mask: torch.Tensor, q: torch.Tensor) -> None:
+        """Place environments `mask` at rest at q, torque on with goal := present."""
+        m = mask[:, None]
+        self.q = torch.where(m, q, self.q)
+        self.qd = torch.where(m, 0.0, self.qd)
+        meas = self.measured()
+        self.goal = torch.where(m, meas, self.goal)
+        self.firmware.reset(mask, meas)
+
+    def step(self, goal: torch.Tensor, substeps: int) -> None:
+        """Hold `goal` [N, J] (rad, encoder frame) for `substeps` physics steps."""
+        self.goal = quantize(torch.clamp(goal, self.lower, self.upper))
+        for _ in range(substeps):
+            self._substep_fn()
+
+    def compile(self) -> bool:
+        """Fuse the physics substep with torch.compile; False (eager kept) where unavailable."""
+        try:
+            fn = torch.compile(self._substep, dynamic=False)
+            state = (self.q, self.qd, self.firmware.target, self.firmware.target_vel, self.firmware.integral)
+            fn()   # compile now, on a copy of the state, so failures surface here
+            self.q, self.qd, self.firmware.target, self.firmware.target_vel, self.firmware.integral = state
+        except Exception as e:  # noqa: BLE001 - any backend failure means: stay eager
+            print(f"torch.compile unavailable ({type(e).__name__}); physics runs eagerly")
+            return False
+        self._substep_fn = fn
+        return True
+
+    def _substep_fn(self) -> None:
+        self._substep()
+
+    def _substep(self) -> None:
+        ph = self.physics
+        params = dataclasses.replace(self.servo, friction_viscous=ph.viscous, friction_coulomb=ph.coulomb)
+        tau, coulomb = servo_torque(self.firmware, self.goal, self.measured(), self.qd, params,
+                                    self.registers, self.dt, gain_scale=ph.gain_scale)
+        M, bias = self.dyn.mass_and_bias(self.q, self.qd, ph.mass_scale)
+        q, qd = integrate(self.q, self.qd, M + self.armature, tau - bias, coulomb, self.dt)
+        # Hard stops at the joint limits: the joint stops there.
+        hit = (q < self.lower) | (q > self.upper)
+        self.q = torch.clamp(q, self.lower, self.upper)
+        self.qd = torch.where(hit, 0.0, qd)

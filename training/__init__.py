@@ -1,0 +1,1 @@
+"""Train: the embedded batched simulator, the reach environment and (soon) PPO."""

@@ -1,0 +1,189 @@
+"""The embedded reach environment: `ArmSim` physics + the reach task, batched, auto-resetting.
+
+API (what PPO needs, rsl_rl/Isaac Lab style, tensors on the env's device):
+    obs = env.reset()
+    obs, reward, terminated, truncated, info = env.step(actions)
+info["final_obs"] holds the observation each environment ended in (valid where it ended;
+PPO bootstraps time-outs from it). Episode statistics accumulate on the device without
+host syncs; `env.pop_stats()` returns their means once per iteration.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from soarm import CONFIG_DIR, config
+from soarm.description import RobotDescription, load_robot
+from soarm.reach import (ACTION_DIM, OBS_DIM, ReachCfg, action_to_goal, check_action, full_pose, observe,
+                         rewards, sample_targets, tick_offsets, uniform)
+from soarm.servo import ServoParams, ServoRegisters
+from soarm.sim import ArmSim
+
+
+def load_servo(cfg: ReachCfg) -> tuple[ServoParams, ServoRegisters]:
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class ServoFile:
+        params: ServoParams = field(default_factory=ServoParams)
+        registers: ServoRegisters = field(default_factory=ServoRegisters)
+        source: str = ""
+
+    f = config.load(ServoFile, CONFIG_DIR / cfg.servo)
+    return f.params, f.registers
+
+
+class ReachEnv:
+    def __init__(self, cfg: ReachCfg, num_envs: int, device: str = "cpu", seed: int = 0,
+                 robot: RobotDescription | None = None):
+        self.cfg, self.num_envs = cfg, num_envs
+        self.device = torch.device(device)
+        self.robot = robot or load_robot()
+        servo, registers = load_servo(cfg)
+        self.sim = ArmSim(self.robot, servo, registers, num_envs,
+                          dt=1.0 / (cfg.control_hz * cfg.substeps), device=device)
+        self.dyn = self.sim.dyn
+        self.gen = torch.Generator().manual_seed(seed)
+        self.num_obs, self.num_actions = OBS_DIM, ACTION_DIM
+        self.max_steps, self.window = cfg.episode_steps, cfg.window_steps
+        self.arm = torch.tensor(self.robot.arm_index, device=self.device)
+        # Targets are drawn from a pool sampled once: a gather per step instead of forward
+        # kinematics of fresh configurations for every environment.
+        self.target_pool = sample_targets(self.dyn, cfg.command, max(65536, 4 * num_envs), self.gen)
+        kw = dict(device=self.device, dtype=torch.float32)
+        N = num_envs
+        self.target = torch.zeros(N, 3, **kw)
+        self.action = torch.zeros(N, ACTION_DIM, **kw)          # last policy output
+        self.pending = torch.zeros(N, ACTION_DIM, **kw)         # for one-step latency
+        self.latent = torch.zeros(N, dtype=torch.bool, device=self.device)
+        self.prev_meas = torch.zeros(N, ACTION_DIM, **kw)
+        self.step_count = torch.zeros(N, dtype=torch.long, device=self.device)
+        self.ep_return = torch.zeros(N, **kw)
+        self.ep_terms: dict[str, torch.Tensor] = {}
+        self._stats: dict[str, torch.Tensor] = {}
+        self.obs = self.reset()
+
+    # ------------------------------------------------------------------ reset
+    def reset(self) -> torch.Tensor:
+        self._reset(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
+        self.obs = self._observe()
+        return self.obs
+
+    def stagger(self, quantum: int) -> None:
+        """Spread episode starts over the episode length in steps of `quantum` (the rollout
+        length), so time-outs do not all land in the same iteration."""
+        slots = max(1, self.max_steps // quantum)
+        k = torch.randint(0, slots, (self.num_envs,), generator=self.gen)
+        self.step_count = (k * quantum).to(self.device)
+
+    def _reset(self, mask: torch.Tensor) -> None:
+        n, cfg, r = self.num_envs, self.cfg.randomization, self.robot
+        J, dev, dt = self.sim.J, self.device, torch.float32
+        ph, servo = self.sim.physics, self.sim.servo
+        m = mask[:, None]
+        rnd = lambda bounds, shape=(n, J): uniform(self.gen, shape, bounds, dev, dt)  # noqa: E731
+        ph.gain_scale = torch.where(m, rnd(cfg.gain_scale), ph.gain_scale)
+        ph.coulomb = torch.where(m, servo.friction_coulomb * rnd(cfg.friction_scale), ph.coulomb)
+        ph.viscous = torch.where(m, servo.friction_viscous * rnd(cfg.friction_scale), ph.viscous)
+        ph.mass_scale = torch.where(m, rnd(cfg.mass_scale), ph.mass_scale)
+        ph.encoder_offset = torch.where(m, tick_offsets(self.gen, (n, J), cfg.encoder_offset_ticks, dev, dt),
+                                        ph.encoder_offset)
+        lat = torch.rand(n, generator=self.gen).to(dev) < cfg.latency_prob
+        self.latent = torch.where(mask, lat, self.latent)
+        home = torch.as_tensor(r.home, device=dev, dtype=dt)
+        arm_q = home + uniform(self.gen, (n, len(home)), (-cfg.start_noise, cfg.start_noise), dev, dt)
+        self.sim.reset(mask, full_pose(self.dyn, arm_q))
+        self.target = torch.where(m[:, :1].expand(n, 3), self._draw_targets(), self.target)
+        self.action = torch.where(mask[:, None], 0.0, self.action)
+        self.pending = torch.where(mask[:, None], 0.0, self.pending)
+        meas = self.sim.measured()[:, self.arm]
+        self.prev_meas = torch.where(mask[:, None], meas, self.prev_meas)
+        self.step_count = torch.where(mask, 0, self.step_count)
+        self.ep_return = torch.where(mask, 0.0, self.ep_return)
+        for k in self.ep_terms:
+            self.ep_terms[k] = torch.where(mask, 0.0, self.ep_terms[k])
+
+    def _draw_targets(self) -> torch.Tensor:
+        idx = torch.randint(0, len(self.target_pool), (self.num_envs,), generator=self.gen)
+        return self.target_pool[idx.to(self.device)]
+
+    def _observe(self, meas: torch.Tensor | None = None) -> torch.Tensor:
+        meas = self.sim.measured()[:, self.arm] if meas is None else meas
+        return observe(self.dyn, meas, self.prev_meas, self.target, self.action, self.cfg.control_hz)
+
+    # ------------------------------------------------------------------- step
+    def step(self, actions: torch.Tensor):
+        check_action(actions)
+        cfg = self.cfg
+        applied = torch.where(self.latent[:, None], self.pending, actions)
+        self.pending = actions
+        goal = self.sim.goal.clone()
+        goal[:, self.arm] = action_to_goal(self.dyn, applied, cfg.action_scale)
+        self.sim.step(goal, cfg.substeps)
+
+        meas = self.sim.measured()[:, self.arm]
+        vel = (meas - self.prev_meas) * cfg.control_hz
+        tip = self.dyn.fingertip(full_pose(self.dyn, self.sim.q[:, self.arm]))   # the true fingertip
+        error = self.target - tip
+        below = tip[:, 2] < cfg.reward.floor_height
+        terms = rewards(cfg.reward, error, actions, self.action, vel, below)
+        reward = torch.stack(list(terms.values())).sum(0)
+        self.action = actions
+        obs = self._observe(meas)
+        self.prev_meas = meas
+        self.step_count += 1
+
+        unstable = ~torch.isfinite(self.sim.q).all(-1)
+        terminated = below | unstable
+        truncated = (self.step_count >= self.max_steps) & ~terminated
+        done = terminated | truncated
+        window_end = (self.step_count % self.window == 0) | done
+        self._record(terms, reward, error.norm(dim=-1), window_end, done, terminated, truncated)
+
+        # New targets where a window ended, fresh episodes where one ended.
+        new_target = window_end & ~done
+        self.target = torch.where(new_target[:, None], self._draw_targets(), self.target)
+        final_obs = obs
+        self._reset(done)
+        self.obs = torch.where(done[:, None], self._observe(), obs)
+        if self.obs is not obs:
+            self.obs = torch.where(new_target[:, None], self._observe(), self.obs)
+        return self.obs, reward, terminated, truncated, {"final_obs": final_obs}
+
+    # ------------------------------------------------------------------ stats
+    def _record(self, terms, reward, dist, window_end, done, terminated, truncated) -> None:
+        s = self._stats
+        for k, v in terms.items():
+            self.ep_terms[k] = self.ep_terms.get(k, torch.zeros_like(v)) + v
+        self.ep_return += reward
+        we, d = window_end.float(), done.float()
+        add = {
+            "windows": we.sum(),
+            "error_sum": (dist * we).sum(),
+            "success_1cm": ((dist < 0.01).float() * we).sum(),
+            "success_5mm": ((dist < 0.005).float() * we).sum(),
+            "episodes": d.sum(),
+            "return_sum": (self.ep_return * d).sum(),
+            "length_sum": (self.step_count.float() * d).sum(),
+            "terminated": terminated.float().sum(),
+            "truncated": truncated.float().sum(),
+        }
+        for k, v in self.ep_terms.items():
+            add["term/" + k] = (v * d).sum()
+        for k, v in add.items():
+            s[k] = s.get(k, 0.0) + v
+
+    def pop_stats(self) -> dict[str, float]:
+        """Means over the windows and episodes completed since the last call (one host sync)."""
+        s = {k: float(v) for k, v in self._stats.items()}
+        self._stats = {}
+        w, e = max(s.get("windows", 0.0), 1.0), max(s.get("episodes", 0.0), 1.0)
+        out = {"episodes": s.get("episodes", 0.0)}
+        if s.get("windows"):
+            out.update(fingertip_error=s["error_sum"] / w, success_1cm=s["success_1cm"] / w,
+                       success_5mm=s["success_5mm"] / w)
+        if s.get("episodes"):
+            out.update(mean_return=s["return_sum"] / e, episode_length=s["length_sum"] / e,
+                       terminated=s["terminated"] / e, truncated=s["truncated"] / e)
+            out.update({k: v / e for k, v in s.items() if k.startswith("term/")})
+        return out

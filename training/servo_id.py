@@ -1,0 +1,173 @@
+"""Identify the servo model on real logs, and compare it with a fitted PD actuator.
+
+A log is a pendulum test bench (BAM's format, see data/real_servo_logs/README.md): one
+servo swinging a point mass under gravity, the goal sequence it was sent and the encoder
+positions it reported. `replay` runs a batch of K candidate parameter sets through that
+bench at once; `fit` searches parameters by the cross-entropy method in log space, the
+same search for both models so that neither gets a better optimizer than the other.
+
+    our model  ServoParams (soarm.servo) + the bench's angle offset
+    baseline   Isaac Lab's implicit actuator: tau = clip(kp (goal - q) - kd qd, +-effort),
+               with joint armature and Coulomb friction, + the bench's angle offset
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from soarm.config import ConfigError
+from soarm.dynamics import GRAVITY
+from soarm.servo import ServoParams, ServoRegisters, ServoState, integrate, quantize, servo_torque
+
+SUBSTEP = 0.002   # s, integration step inside each logged interval
+
+
+@dataclass
+class BenchLog:
+    name: str
+    kp: int
+    mass: float
+    length: float
+    vin: float
+    t: np.ndarray          # [T] s
+    goal: np.ndarray       # [T] rad
+    position: np.ndarray   # [T] rad (encoder)
+    volts: np.ndarray      # [T] V
+    enabled: np.ndarray    # [T] bool
+
+
+def load_bench_log(path: str | Path) -> BenchLog:
+    path = Path(path)
+    try:
+        raw = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    try:
+        entries = raw["entries"]
+        cols = {k: np.array([e[k] for e in entries], dtype=float)
+                for k in ("timestamp", "goal_position", "position", "input_volts")}
+        enabled = np.array([bool(e["torque_enable"]) for e in entries])
+        log = BenchLog(path.stem, int(raw["kp"]), float(raw["mass"]), float(raw["length"]),
+                       float(raw["vin"]), cols["timestamp"], cols["goal_position"], cols["position"],
+                       cols["input_volts"], enabled)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: not a servo bench log ({type(e).__name__}: {e})") from None
+    if len(log.t) < 2 or np.any(np.diff(log.t) <= 0) or not all(np.isfinite(v).all() for v in cols.values()):
+        raise ConfigError(f"{path}: timestamps must increase and all values be finite")
+    return log
+
+
+# ------------------------------------------------------------------ the two models
+# Each model is a vector of named parameters searched in log space within bounds.
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    bounds: dict[str, tuple[float, float]]
+
+    def initial(self) -> dict[str, float]:
+        return {k: math.sqrt(lo * hi) if lo > 0 else 0.5 * (lo + hi) for k, (lo, hi) in self.bounds.items()}
+
+
+OURS = Model("sts_servo", {
+    "kt": (0.3, 4.0), "resistance": (0.5, 10.0), "armature": (0.001, 0.1),
+    "friction_coulomb": (0.005, 0.6), "friction_viscous": (0.001, 0.5), "friction_load": (0.005, 0.5),
+    "error_gain": (0.03, 1.0), "d_gain": (1e-5, 0.01), "max_velocity": (2.0, 30.0),
+    "offset": (-0.2, 0.2),
+})
+BASELINE = Model("implicit_pd", {
+    "stiffness": (1.0, 300.0), "damping": (0.01, 10.0), "effort": (0.3, 15.0),
+    "armature": (0.001, 0.1), "friction": (0.005, 0.6), "offset": (-0.2, 0.2),
+})
+LINEAR = {"offset"}     # searched linearly (can be negative); the rest in log space
+
+
+def servo_params(values: dict, voltage: float = 12.0) -> ServoParams:
+    keys = {f.name for f in dataclasses.fields(ServoParams)}
+    return ServoParams(**{k: v for k, v in values.items() if k in keys}, voltage=voltage)
+
+
+def replay(model: Model, values: dict[str, torch.Tensor], log: BenchLog,
+           registers: ServoRegisters | None = None) -> torch.Tensor:
+    """Simulated encoder positions [K, T] of the bench for K candidate parameter sets."""
+    K = next(iter(values.values())).shape[0]
+    col = {k: v.reshape(K, 1).double() for k, v in values.items()}
+    reg = registers or ServoRegisters(p=log.kp, d=32, i=0, acceleration=0)
+    inertia = log.mass * log.length ** 2 + col["armature"]            # [K,1]
+    M = inertia[..., None]                                              # [K,1,1]
+    q = torch.full((K, 1), float(log.position[0]), dtype=torch.float64)
+    qd = torch.zeros_like(q)
+    state = ServoState(q)
+    params = servo_params(col) if model is OURS else None
+    out = torch.empty(K, len(log.t), dtype=torch.float64)
+    out[:, 0] = q[:, 0]
+    for k in range(len(log.t) - 1):
+        n = max(1, math.ceil((log.t[k + 1] - log.t[k]) / SUBSTEP - 1e-9))
+        dt = (log.t[k + 1] - log.t[k]) / n
+        goal = torch.full_like(q, float(log.goal[k]))
+        on = bool(log.enabled[k])
+        for _ in range(n):
+            g = -log.mass * GRAVITY * log.length * torch.sin(q + col["offset"])
+            if model is OURS:
+                tau, coulomb = servo_torque(state, quantize(goal), quantize(q), qd, params, reg, dt,
+                                            voltage=float(log.volts[k]), enabled=on)
+            else:
+                drive = torch.clamp(col["stiffness"] * (goal - q) - col["damping"] * qd, -col["effort"], col["effort"])
+                tau = drive if on else torch.zeros_like(q)
+                coulomb = col["friction"]
+            q, qd = integrate(q, qd, M, tau + g, coulomb, dt)
+        out[:, k + 1] = q[:, 0]
+    return out
+
+
+def rms(model: Model, values: dict[str, torch.Tensor], log: BenchLog) -> torch.Tensor:
+    """RMS position error [K] (rad) against the recorded encoder positions."""
+    sim = replay(model, values, log)
+    ref = torch.as_tensor(log.position, dtype=torch.float64)
+    return torch.sqrt(((sim - ref) ** 2).mean(-1))
+
+
+def fit(model: Model, logs: list[BenchLog], iterations: int = 25, population: int = 192,
+        seed: int = 0, progress=None) -> dict[str, float]:
+    """Cross-entropy search minimizing the mean RMS over `logs`."""
+    g = torch.Generator().manual_seed(seed)
+    names = list(model.bounds)
+    lo = torch.tensor([model.bounds[k][0] for k in names], dtype=torch.float64)
+    hi = torch.tensor([model.bounds[k][1] for k in names], dtype=torch.float64)
+    log_space = torch.tensor([k not in LINEAR for k in names])
+    to_x = lambda v: torch.where(log_space, torch.log(v.clamp_min(1e-12)), v)       # noqa: E731
+    from_x = lambda x: torch.where(log_space, torch.exp(x), x)                        # noqa: E731
+    x_lo, x_hi = to_x(lo), to_x(hi)
+    mean = to_x(torch.tensor([model.initial()[k] for k in names], dtype=torch.float64))
+    std = (x_hi - x_lo) / 4
+    best, best_cost = mean.clone(), float("inf")
+    n_elite = max(4, population // 8)
+    for it in range(iterations):
+        x = mean + std * torch.randn(population, len(names), generator=g, dtype=torch.float64)
+        x[0] = best if math.isfinite(best_cost) else mean
+        x = torch.max(torch.min(x, x_hi), x_lo)
+        values = {k: from_x(x)[:, i] for i, k in enumerate(names)}
+        cost = torch.stack([rms(model, values, log) for log in logs]).mean(0)
+        cost = torch.nan_to_num(cost, nan=1e9)
+        order = torch.argsort(cost)
+        if cost[order[0]] < best_cost:
+            best_cost, best = float(cost[order[0]]), x[order[0]].clone()
+        elite = x[order[:n_elite]]
+        mean = elite.mean(0)
+        std = 0.7 * elite.std(0) + 0.3 * std * 0.5
+        if progress:
+            progress(it, best_cost)
+    return {k: float(from_x(best)[i]) for i, k in enumerate(names)}
+
+
+def evaluate(model: Model, values: dict[str, float], log: BenchLog) -> float:
+    return float(rms(model, {k: torch.tensor([v]) for k, v in values.items()}, log)[0])
