@@ -4,7 +4,8 @@ API (what PPO needs, rsl_rl/Isaac Lab style, tensors on the env's device):
     obs = env.reset()
     obs, reward, terminated, truncated, info = env.step(actions)
 info["final_obs"] holds the observation each environment ended in (valid where it ended;
-PPO bootstraps time-outs from it). Episode statistics accumulate on the device without
+PPO bootstraps time-outs from it); info["window_error"] the fingertip error (m) where a
+target window ended this step, NaN elsewhere. Episode statistics accumulate on the device without
 host syncs; `env.pop_stats()` returns their means once per iteration.
 """
 
@@ -148,7 +149,8 @@ class ReachEnv:
         self.obs = torch.where(done[:, None], self._observe(), obs)
         if self.obs is not obs:
             self.obs = torch.where(new_target[:, None], self._observe(), self.obs)
-        return self.obs, reward, terminated, truncated, {"final_obs": final_obs}
+        window_error = torch.where(window_end, error.norm(dim=-1), torch.nan)
+        return self.obs, reward, terminated, truncated, {"final_obs": final_obs, "window_error": window_error}
 
     # ------------------------------------------------------------------ stats
     def _record(self, terms, reward, dist, window_end, done, terminated, truncated) -> None:

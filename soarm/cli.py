@@ -1,0 +1,121 @@
+"""`soarm`: the project's one command line.
+
+    soarm evaluate     run a reach controller in the embedded sim, print and save its accuracy
+    soarm servo-fit    fit the servo model and the PD baseline on real bench logs
+    soarm servo-check  compare both fitted models on (new) bench logs
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from soarm import CONFIG_DIR, REPO_ROOT
+from soarm.config import ConfigError
+
+DEFAULT_LOGS = sorted((REPO_ROOT / "data" / "real_servo_logs").glob("*.json"))
+DEFAULT_FIT = CONFIG_DIR / "servo" / "sts3250_bench_fit.yaml"
+
+
+def _evaluate(args) -> int:
+    import torch
+
+    from soarm import config
+    from soarm.reach import ReachCfg
+    from soarm.training.evaluate import evaluate, summary, write_report
+    from soarm.training.scripted import ScriptedReach
+    from soarm.dynamics import ArmDynamics
+    from soarm.description import load_robot
+
+    torch.set_num_threads(args.threads)
+    cfg = config.load(ReachCfg, args.task)
+    policy = ScriptedReach(ArmDynamics(load_robot()), cfg.action_scale)
+    print(f"evaluating the scripted controller on {args.targets} targets (task {args.task})")
+    t0 = time.time()
+    result = evaluate(policy, cfg, targets=args.targets, seed=args.seed)
+    result["policy"] = "scripted"
+    write_report(result, args.out)
+    print(f"{summary(result)}  [{time.time() - t0:.1f} s, report {args.out}]")
+    return 0
+
+
+def _servo_fit(args) -> int:
+    from soarm.training import servo_id
+
+    logs = [servo_id.load_bench_log(p) for p in args.logs]
+    fits = {}
+    for model in (servo_id.OURS, servo_id.BASELINE):
+        t0 = time.time()
+        fits[model.name] = servo_id.fit(
+            model, logs, iterations=args.iterations, population=args.population, seed=args.seed,
+            progress=lambda i, c, m=model: print(f"  {m.name}: iteration {i + 1}/{args.iterations}, "
+                                                 f"mean RMS {c * 1000:.2f} mrad", flush=True))
+        print(f"fitted {model.name} in {time.time() - t0:.0f} s")
+    servo_id.save_fit(fits, [str(Path(p).name) for p in args.logs], args.out)
+    print(f"wrote {args.out}")
+    return _report(logs, fits, args.plot)
+
+
+def _servo_check(args) -> int:
+    from soarm.training import servo_id
+
+    fits = servo_id.load_fit(args.fit)
+    logs = [servo_id.load_bench_log(p) for p in args.logs]
+    return _report(logs, fits, args.plot)
+
+
+def _report(logs, fits, plot) -> int:
+    from soarm.training import servo_id
+
+    rows = servo_id.compare(logs, fits)
+    print(f"{'log':55s} {'servo model':>12s} {'fitted PD':>12s}  (RMS position error, mrad)")
+    for r in rows:
+        mark = "better" if r["servo_model"] < r["pd_baseline"] else "WORSE"
+        print(f"{r['log']:55s} {r['servo_model'] * 1000:12.2f} {r['pd_baseline'] * 1000:12.2f}  {mark}")
+    if plot:
+        servo_id.plot(logs, fits, plot)
+        print(f"plot: {plot}")
+    worse = [r["log"] for r in rows if r["servo_model"] >= r["pd_baseline"]]
+    print(f"servo model beats the fitted PD on {len(rows) - len(worse)}/{len(rows)} logs")
+    return 1 if worse else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="soarm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("evaluate", help="accuracy of a reach controller in the embedded sim")
+    p.add_argument("--task", default=CONFIG_DIR / "task" / "reach.yaml", type=Path)
+    p.add_argument("--targets", type=int, default=256)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "eval.json")
+    p.set_defaults(fn=_evaluate)
+
+    p = sub.add_parser("servo-fit", help="fit the servo model and a PD baseline on bench logs")
+    p.add_argument("logs", nargs="*", type=Path, default=DEFAULT_LOGS)
+    p.add_argument("--out", type=Path, default=DEFAULT_FIT)
+    p.add_argument("--iterations", type=int, default=30)
+    p.add_argument("--population", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", type=Path, default=REPO_ROOT / "runs" / "servo_fit.png")
+    p.set_defaults(fn=_servo_fit)
+
+    p = sub.add_parser("servo-check", help="RMS of both fitted models on bench logs (e.g. unseen ones)")
+    p.add_argument("logs", nargs="*", type=Path, default=DEFAULT_LOGS)
+    p.add_argument("--fit", type=Path, default=DEFAULT_FIT)
+    p.add_argument("--plot", type=Path, default=None)
+    p.set_defaults(fn=_servo_check)
+
+    args = ap.parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, ValueError) as e:
+        print(f"soarm {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+import pytest
+
+from soarm import CONFIG_DIR, config
+from soarm.config import ConfigError
+from soarm.reach import ReachCfg
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "task.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_default_task_loads(task_cfg):
+    assert task_cfg.substeps == 6 and task_cfg.episode_steps == 240 and task_cfg.window_steps == 60
+
+
+@pytest.mark.parametrize("text, words", [
+    ("control_hz: 30\nrewrd:\n  position_l2: 1\n", ["task.yaml", "rewrd"]),
+    ("reward:\n  positon_l2: 1\n", ["task.yaml", "reward.positon_l2"]),
+    ("control_hz: fast\n", ["task.yaml", "control_hz", "number"]),
+    ("command:\n  radius: 0.3\n", ["task.yaml", "command.radius", "list"]),
+    ("control_hz: [1\n", ["task.yaml", "malformed YAML"]),
+    ("physics_dt: 1.0\n", ["task.yaml", "physics_dt"]),
+])
+def test_bad_task_config_is_one_line_error(tmp_path, text, words):
+    with pytest.raises(ConfigError) as e:
+        config.load(ReachCfg, _write(tmp_path, text))
+    msg = str(e.value)
+    assert "\n" not in msg and all(w in msg for w in words), msg
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        config.load(ReachCfg, tmp_path / "nope.yaml")
+
+
+def test_overrides_are_validated():
+    cfg = config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml", {"reward.position_l2": -2.0})
+    assert cfg.reward.position_l2 == -2.0
+    with pytest.raises(ConfigError, match="reward.nope"):
+        config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml", {"reward.nope": 1})

@@ -1,0 +1,78 @@
+import dataclasses
+
+import pytest
+import torch
+
+from soarm.reach import OBS_DIM, in_region
+from soarm.training.env import ReachEnv
+from soarm.training.evaluate import evaluate
+from soarm.training.scripted import ScriptedReach
+
+
+def test_shapes_and_finiteness(task_cfg):
+    env = ReachEnv(task_cfg, 16, seed=0)
+    obs = env.reset()
+    assert obs.shape == (16, OBS_DIM)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        obs, rew, term, trunc, info = env.step(torch.rand(16, 5, generator=g) * 2 - 1)
+        assert torch.isfinite(obs).all() and torch.isfinite(rew).all()
+        assert rew.shape == term.shape == trunc.shape == (16,)
+    assert in_region(env.target, task_cfg.command).all()
+
+
+def test_observation_is_quantized(task_cfg):
+    env = ReachEnv(task_cfg, 4, seed=0)
+    env.step(torch.zeros(4, 5))
+    home = torch.tensor(env.robot.home, dtype=torch.float32)
+    ticks = (env.obs[:, :5] + home) / (2 * torch.pi / 4096)
+    assert torch.allclose(ticks, ticks.round(), atol=2e-3)
+
+
+def test_truncation_and_auto_reset(task_cfg):
+    cfg = dataclasses.replace(task_cfg, episode_s=2.0)
+    env = ReachEnv(cfg, 8, seed=0)
+    env.reset()
+    for k in range(cfg.episode_steps):
+        obs, _, term, trunc, info = env.step(torch.zeros(8, 5))
+    assert trunc.all() and not term.any()
+    assert (env.step_count == 0).all()                     # all restarted
+    assert not torch.equal(info["final_obs"], obs)         # final_obs is the pre-reset observation
+    stats = env.pop_stats()
+    assert stats["episodes"] == 8 and stats["truncated"] == 1.0
+
+
+def test_stagger_spreads_episode_starts(task_cfg):
+    env = ReachEnv(task_cfg, 256, seed=0)
+    env.stagger(24)
+    assert len(env.step_count.unique()) > 5 and (env.step_count % 24 == 0).all()
+
+
+def test_nan_action_rejected(task_cfg):
+    env = ReachEnv(task_cfg, 2, seed=0)
+    with pytest.raises(ValueError, match="NaN"):
+        env.step(torch.tensor([[0.0, float("nan"), 0, 0, 0]] * 2))
+
+
+def test_physics_step_converges(task_cfg):
+    """The default physics step agrees with one 4x finer on the fingertip path (median < 1 mm)."""
+    paths = []
+    for dt in (task_cfg.physics_dt, task_cfg.physics_dt / 4):
+        env = ReachEnv(dataclasses.replace(task_cfg, physics_dt=dt), 64, seed=1)
+        g = torch.Generator().manual_seed(0)
+        tips = []
+        for k in range(45):
+            if k % 15 == 0:
+                a = (torch.rand(64, 5, generator=g) * 2 - 1) * 0.4
+            env.step(a)
+            tips.append(env.dyn.fingertip(env.sim.q))
+        paths.append(torch.stack(tips))
+    assert (paths[0] - paths[1]).norm(dim=-1).median() < 1e-3
+
+
+def test_scripted_controller_reaches(task_cfg):
+    """The environment is solvable to millimetres through the policy's own action path."""
+    env = ReachEnv(task_cfg, 1)
+    result = evaluate(ScriptedReach(env.dyn, task_cfg.action_scale), task_cfg, targets=64, num_envs=32,
+                      progress=False)
+    assert result["success_1cm"] > 0.9 and result["median_error_m"] < 0.005, result

@@ -1,0 +1,94 @@
+import math
+
+import pytest
+import torch
+
+from soarm import REPO_ROOT
+from soarm.servo import TICK, ServoParams, ServoRegisters, ServoState, _spd_solve, integrate, quantize, servo_torque
+from soarm.training import servo_id
+
+LOGS = sorted((REPO_ROOT / "data" / "real_servo_logs").glob("*.json"))
+FIT = REPO_ROOT / "configs" / "servo" / "sts3250_bench_fit.yaml"
+
+
+def test_quantize_is_whole_ticks():
+    q = torch.tensor([0.0, TICK * 0.49, TICK * 0.51, -TICK * 2.6])
+    assert torch.allclose(quantize(q) / TICK, torch.tensor([0.0, 0.0, 1.0, -3.0]))
+
+
+def test_spd_solve_matches_lapack():
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(64, 6, 6, generator=g, dtype=torch.float64)
+    M = A @ A.transpose(1, 2) + 0.1 * torch.eye(6, dtype=torch.float64)
+    b = torch.randn(64, 6, generator=g, dtype=torch.float64)
+    x, d = _spd_solve(M, b)
+    assert torch.allclose(x, torch.linalg.solve(M, b), atol=1e-9)
+    assert torch.allclose(d, torch.linalg.inv(M).diagonal(dim1=1, dim2=2), atol=1e-9)
+
+
+def test_coulomb_friction_stops_but_never_reverses():
+    M = torch.full((3, 1, 1), 0.03)
+    qd = torch.tensor([[0.5], [0.001], [-0.001]])
+    q, v = integrate(torch.zeros(3, 1), qd, M, torch.zeros(3, 1), 0.2, 0.01)
+    assert v[0, 0] < 0.5 and v[0, 0] > 0          # slowed, same direction
+    assert torch.all(v[1:] == 0)                   # small motion sticks, no sign flip
+
+
+def test_holds_inside_deadband_and_saturates():
+    p, reg = ServoParams(), ServoRegisters(acceleration=0)
+    q = torch.zeros(1, 2)
+    st = ServoState(q)
+    goal = torch.tensor([[TICK * 1.0, 1.0]])     # one tick (dead-band), and a huge error
+    st.target = goal.clone()
+    tau, _ = servo_torque(st, goal, q, torch.zeros(1, 2), p, reg, 0.001)
+    assert tau[0, 0] == 0
+    stall = p.kt / p.resistance * p.max_pwm * p.voltage
+    assert tau[0, 1] == pytest.approx(stall, rel=1e-5)
+
+
+def test_profile_respects_speed_limit():
+    p, reg = ServoParams(max_velocity=2.0), ServoRegisters(acceleration=0)
+    st = ServoState(torch.zeros(1, 1))
+    for _ in range(10):
+        servo_torque(st, torch.ones(1, 1), torch.zeros(1, 1), torch.zeros(1, 1), p, reg, 0.01)
+    assert st.target.item() == pytest.approx(0.2, abs=1e-6)
+
+
+def test_torque_off_gives_no_drive():
+    st = ServoState(torch.zeros(1, 1))
+    tau, _ = servo_torque(st, torch.ones(1, 1), torch.zeros(1, 1), torch.zeros(1, 1), ServoParams(),
+                          ServoRegisters(), 0.01, enabled=False)
+    assert tau.item() == 0
+
+
+def test_servo_model_beats_fitted_pd_on_real_logs():
+    """The stored fit (soarm servo-fit): our model's RMS must be below the fitted PD's on every log."""
+    fits = servo_id.load_fit(FIT)
+    rows = servo_id.compare([servo_id.load_bench_log(p) for p in LOGS], fits)
+    assert len(rows) == 2
+    for r in rows:
+        assert r["servo_model"] < r["pd_baseline"], r
+        assert r["servo_model"] < 0.02, r          # rad; a broken model drifts far past this
+
+
+def test_fitter_recovers_a_known_servo(tmp_path):
+    """Synthetic log from known parameters: the fitter must bring the RMS near zero."""
+    log = servo_id.load_bench_log(LOGS[1])
+    truth = {"kt": 1.5, "resistance": 2.5, "armature": 0.01, "friction_coulomb": 0.05, "friction_viscous": 0.05,
+             "friction_load": 0.1, "error_gain": 0.2, "d_gain": 0.0002, "max_velocity": 8.0, "offset": 0.0}
+    short = servo_id.BenchLog(log.name, log.kp, log.mass, log.length, log.vin, log.t[:80], log.goal[:80],
+                              log.position[:80], log.volts[:80], log.enabled[:80])
+    sim = servo_id.replay(servo_id.OURS, {k: torch.tensor([v]) for k, v in truth.items()}, short)[0]
+    short.position = sim.numpy()
+    start = servo_id.evaluate(servo_id.OURS, servo_id.OURS.initial(), short)
+    fitted = servo_id.fit(servo_id.OURS, [short], iterations=8, population=48)
+    assert servo_id.evaluate(servo_id.OURS, fitted, short) < 0.3 * start
+
+
+def test_bad_log_is_one_line_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"kp": 32, "entries": [')
+    with pytest.raises(Exception) as e:
+        servo_id.load_bench_log(bad)
+    assert "bad.json" in str(e.value) and "\n" not in str(e.value)
+    assert not math.isnan(0.0)

@@ -1,0 +1,42 @@
+"""A scripted reach controller: resolved-rate damped least squares on the observation alone.
+
+It reads the same observation a policy reads (measured joints, target error, last action),
+so it runs through exactly the same action path; its integral action absorbs the servo's
+gravity sag. It is the baseline a learned policy must beat.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from soarm.dynamics import ArmDynamics
+from soarm.reach import OBS_TERMS, full_pose
+
+
+def _slices() -> dict[str, slice]:
+    out, i = {}, 0
+    for name, n, _ in OBS_TERMS:
+        out[name] = slice(i, i + n)
+        i += n
+    return out
+
+
+class ScriptedReach:
+    def __init__(self, dyn: ArmDynamics, action_scale: float, gain: float = 0.1, damping: float = 0.02):
+        self.dyn, self.scale, self.gain, self.damping = dyn, action_scale, gain, damping
+        r = dyn.robot
+        self.home = torch.as_tensor(r.home, dtype=dyn.dtype)
+        idx = r.arm_index
+        self.lo = (torch.as_tensor(r.lower[idx], dtype=dyn.dtype) - self.home) / action_scale
+        self.hi = (torch.as_tensor(r.upper[idx], dtype=dyn.dtype) - self.home) / action_scale
+        self.arm = idx
+        self.s = _slices()
+
+    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+        s = self.s
+        q = obs[:, s["joint_pos"]] + self.home
+        err = obs[:, s["target_error"]]
+        J = self.dyn.jacobian(full_pose(self.dyn, q))[:, :, self.arm]          # [N,3,5]
+        JJt = J @ J.transpose(1, 2) + self.damping ** 2 * torch.eye(3, dtype=J.dtype)
+        dq = (J.transpose(1, 2) @ torch.linalg.solve(JJt, self.gain * err[..., None])).squeeze(-1)
+        return torch.clamp(obs[:, s["last_action"]] + dq / self.scale, self.lo, self.hi)
