@@ -22,7 +22,7 @@ All tensors are batched [N, J]; every parameter may be a per-environment tensor
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -79,6 +79,14 @@ class ServoRegisters:
             v = getattr(self, name)
             if not 0 <= v <= hi:
                 raise ValueError(f"{name}: must be in 0..{hi}, got {v}")
+
+
+@dataclass
+class ServoConfig:
+    """A servo YAML file (configs/servo/): identified parameters, registers, provenance."""
+    params: ServoParams = field(default_factory=ServoParams)
+    registers: ServoRegisters = field(default_factory=ServoRegisters)
+    source: str = ""
 
 
 class ServoState:

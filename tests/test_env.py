@@ -76,3 +76,18 @@ def test_scripted_controller_reaches(task_cfg):
     result = evaluate(ScriptedReach(env.dyn, task_cfg.action_scale), task_cfg, targets=64, num_envs=32,
                       progress=False)
     assert result["success_1cm"] > 0.9 and result["median_error_m"] < 0.005, result
+
+
+def test_velocity_survives_a_target_change(task_cfg):
+    """A new target must not reset the velocity estimate of an arm that is moving."""
+    env = ReachEnv(task_cfg, 8, seed=0)
+    env.reset()
+    for k in range(env.window - 1):
+        env.step(torch.ones(8, 5) * (0.8 if k < env.window - 4 else -0.8))
+    before = env.target.clone()
+    obs, _, term, trunc, info = env.step(torch.ones(8, 5) * -0.8)
+    kept = ~(term | trunc)
+    assert kept.any() and not torch.equal(env.target[kept], before[kept])
+    vel = obs[kept, 5:10]
+    assert vel.abs().sum() > 0
+    assert torch.equal(vel, info["final_obs"][kept, 5:10])

@@ -17,21 +17,8 @@ from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription, load_robot
 from soarm.reach import (ACTION_DIM, OBS_DIM, ReachCfg, action_to_goal, check_action, full_pose, observe,
                          rewards, sample_targets, tick_offsets, uniform)
-from soarm.servo import ServoParams, ServoRegisters
+from soarm.servo import ServoConfig
 from soarm.sim import ArmSim
-
-
-def load_servo(cfg: ReachCfg) -> tuple[ServoParams, ServoRegisters]:
-    from dataclasses import dataclass, field
-
-    @dataclass
-    class ServoFile:
-        params: ServoParams = field(default_factory=ServoParams)
-        registers: ServoRegisters = field(default_factory=ServoRegisters)
-        source: str = ""
-
-    f = config.load(ServoFile, CONFIG_DIR / cfg.servo)
-    return f.params, f.registers
 
 
 class ReachEnv:
@@ -40,7 +27,8 @@ class ReachEnv:
         self.cfg, self.num_envs = cfg, num_envs
         self.device = torch.device(device)
         self.robot = robot or load_robot()
-        servo, registers = load_servo(cfg)
+        servo_cfg = config.load(ServoConfig, CONFIG_DIR / cfg.servo)
+        servo, registers = servo_cfg.params, servo_cfg.registers
         self.sim = ArmSim(self.robot, servo, registers, num_envs,
                           dt=1.0 / (cfg.control_hz * cfg.substeps), device=device)
         self.dyn = self.sim.dyn
@@ -130,8 +118,7 @@ class ReachEnv:
         terms = rewards(cfg.reward, error, actions, self.action, vel, below)
         reward = torch.stack(list(terms.values())).sum(0)
         self.action = actions
-        obs = self._observe(meas)
-        self.prev_meas = meas
+        final_obs = self._observe(meas)
         self.step_count += 1
 
         unstable = ~torch.isfinite(self.sim.q).all(-1)
@@ -141,14 +128,14 @@ class ReachEnv:
         window_end = (self.step_count % self.window == 0) | done
         self._record(terms, reward, error.norm(dim=-1), window_end, done, terminated, truncated)
 
-        # New targets where a window ended, fresh episodes where one ended.
-        new_target = window_end & ~done
-        self.target = torch.where(new_target[:, None], self._draw_targets(), self.target)
-        final_obs = obs
+        # New targets where a window ended, fresh episodes where one ended; then observe
+        # again. _reset set prev_meas to the reset pose where an episode restarted, so the
+        # velocity is this step's everywhere else and zero there.
+        self.target = torch.where((window_end & ~done)[:, None], self._draw_targets(), self.target)
         self._reset(done)
-        self.obs = torch.where(done[:, None], self._observe(), obs)
-        if self.obs is not obs:
-            self.obs = torch.where(new_target[:, None], self._observe(), self.obs)
+        now = self.sim.measured()[:, self.arm]
+        self.obs = self._observe(now)
+        self.prev_meas = now
         window_error = torch.where(window_end, error.norm(dim=-1), torch.nan)
         return self.obs, reward, terminated, truncated, {"final_obs": final_obs, "window_error": window_error}
 
