@@ -65,7 +65,7 @@ def mujoco_peer(cfg: ReachCfg, steps: int) -> dict | None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--envs", type=int, default=4096)
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=90)
     ap.add_argument("--no-compile", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
