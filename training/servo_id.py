@@ -96,12 +96,12 @@ def servo_params(values: dict, voltage: float = 12.0) -> ServoParams:
     return ServoParams(**{k: v for k, v in values.items() if k in keys}, voltage=voltage)
 
 
-def replay(model: Model, values: dict[str, torch.Tensor], log: BenchLog,
-           registers: ServoRegisters | None = None) -> torch.Tensor:
+def replay(model: Model, values: dict[str, torch.Tensor], log: BenchLog) -> torch.Tensor:
     """Simulated encoder positions [K, T] of the bench for K candidate parameter sets."""
     K = next(iter(values.values())).shape[0]
     col = {k: v.reshape(K, 1).double() for k, v in values.items()}
-    reg = registers or ServoRegisters(p=log.kp, d=32, i=0, acceleration=0)
+    # The bench logs record only kp; D is taken as the factory 32 and no profile ramp.
+    reg = ServoRegisters(p=log.kp, d=32, i=0, acceleration=0)
     inertia = log.mass * log.length ** 2 + col["armature"]            # [K,1]
     M = inertia[..., None]                                              # [K,1,1]
     q = torch.full((K, 1), float(log.position[0]), dtype=torch.float64)
