@@ -67,10 +67,6 @@ def from_dict(cls: type[T], raw: dict, where: str = "<dict>", prefix: str = "") 
     return obj
 
 
-def to_dict(obj: Any) -> Any:
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
-
-
 def _convert(tp: Any, value: Any, where: str, key: str) -> Any:
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
