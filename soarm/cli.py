@@ -1,6 +1,7 @@
 """`soarm`: the project's one command line.
 
-    soarm evaluate     run a reach controller in the embedded sim, print and save its accuracy
+    soarm train        train a reach policy with PPO on the embedded sim
+    soarm evaluate     run a reach policy (checkpoint or scripted) in the embedded sim, print and save its accuracy
     soarm servo-fit    fit the servo model and the PD baseline on real bench logs
     soarm servo-check  compare both fitted models on (new) bench logs
 """
@@ -19,23 +20,60 @@ DEFAULT_LOGS = sorted((REPO_ROOT / "data" / "real_servo_logs").glob("*.json"))
 DEFAULT_FIT = CONFIG_DIR / "servo" / "sts3250_bench_fit.yaml"
 
 
+def _train(args) -> int:
+    import yaml
+
+    from soarm.training.runner import TrainingDiverged
+    from soarm.training.train import train
+
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+        overrides[key] = yaml.safe_load(value)
+    for key, value in (("run.num_envs", args.num_envs), ("run.iterations", args.iterations),
+                       ("run.device", args.device), ("run.seed", args.seed), ("run.name", args.name)):
+        if value is not None:
+            overrides[key] = value
+    if args.no_compile:
+        overrides["run.compile"] = False
+    try:
+        train(args.config, overrides, args.resume)
+    except TrainingDiverged as e:
+        print(f"soarm train: error: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
 def _evaluate(args) -> int:
     import torch
 
     from soarm import config
     from soarm.reach import ReachCfg
     from soarm.training.evaluate import evaluate, summary, write_report
-    from soarm.training.scripted import ScriptedReach
-    from soarm.dynamics import ArmDynamics
-    from soarm.description import load_robot
 
     torch.set_num_threads(args.threads)
-    cfg = config.load(ReachCfg, args.task)
-    policy = ScriptedReach(ArmDynamics(load_robot()), cfg.action_scale)
-    print(f"evaluating the scripted controller on {args.targets} targets (task {args.task})")
+    if args.policy == "scripted":
+        from soarm.description import load_robot
+        from soarm.dynamics import ArmDynamics
+        from soarm.training.scripted import ScriptedReach
+
+        cfg = config.load(ReachCfg, args.task or CONFIG_DIR / "task" / "reach.yaml")
+        policy = ScriptedReach(ArmDynamics(load_robot()), cfg.action_scale, cfg.action_clip)
+        name = "the scripted controller"
+    else:
+        from soarm.training import checkpoint
+
+        state = checkpoint.load(args.policy)
+        cfg = config.load(ReachCfg, args.task) if args.task else checkpoint.task_cfg(state)
+        policy = checkpoint.build_model(state).act_deterministic
+        name = f"{state['path']} (iteration {state['iteration']})"
+    print(f"evaluating {name} on {args.targets} targets")
     t0 = time.time()
-    result = evaluate(policy, cfg, targets=args.targets, seed=args.seed)
-    result["policy"] = "scripted"
+    with torch.no_grad():
+        result = evaluate(policy, cfg, targets=args.targets, seed=args.seed)
+    result["policy"] = str(args.policy)
     write_report(result, args.out)
     print(f"{summary(result)}  [{time.time() - t0:.1f} s, report {args.out}]")
     return 0
@@ -86,8 +124,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="soarm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("evaluate", help="accuracy of a reach controller in the embedded sim")
-    p.add_argument("--task", default=CONFIG_DIR / "task" / "reach.yaml", type=Path)
+    p = sub.add_parser("train", help="train a reach policy with PPO on the embedded sim")
+    p.add_argument("--config", type=Path, default=CONFIG_DIR / "train" / "reach.yaml")
+    p.add_argument("--resume", type=Path, default=None, help="checkpoint file or run directory to continue")
+    p.add_argument("--num-envs", type=int, default=None)
+    p.add_argument("--iterations", type=int, default=None, help="total iterations (a resumed run continues to it)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--name", default=None)
+    p.add_argument("--no-compile", action="store_true", help="run eagerly (no torch.compile)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. ppo.epochs=4")
+    p.set_defaults(fn=_train)
+
+    p = sub.add_parser("evaluate", help="accuracy of a reach policy in the embedded sim")
+    p.add_argument("policy", nargs="?", default="scripted",
+                   help="'scripted', a checkpoint model_N.pt or a run directory (default: scripted)")
+    p.add_argument("--task", default=None, type=Path, help="task config (default: the policy's own)")
     p.add_argument("--targets", type=int, default=256)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1)

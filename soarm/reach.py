@@ -8,11 +8,17 @@ mapping, rewards, terminations and domain-randomization sampling. The embedded s
 Observation, in order (units as the real arm measures them, encoder-quantized):
     joint_pos        5  rad, measured arm joint angles minus the home pose
     joint_vel        5  rad/s, (measured_t - measured_{t-1}) * control_hz
+    joint_goal       5  rad, the goal currently commanded minus the home pose
     fingertip        3  m, forward kinematics of the measured angles (base frame)
     target           3  m, commanded fingertip position (base frame)
     target_error     3  m, target - fingertip
     last_action      5  the previous policy output (unitless, before scaling)
-Action: 5 values; arm goal = home + action_scale * action, clipped to the joint limits.
+Action: 5 values, relative joint-position targets (Isaac Lab's "relative joint position"
+action): goal_t = goal_{t-1} + action_scale * clip(action, +-action_clip), clipped to the
+joint limits; goal := measured at start. The commanded goal is the controller's state, so
+the policy observes it. Relative targets make the policy a feedback law on the target
+error: it integrates away gravity sag and friction, which absolute targets cannot do
+without learning inverse kinematics to a fraction of a milliradian.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from soarm.dynamics import ArmDynamics
 OBS_TERMS: tuple[tuple[str, int, str], ...] = (
     ("joint_pos", 5, "rad"),
     ("joint_vel", 5, "rad/s"),
+    ("joint_goal", 5, "rad"),
     ("fingertip", 3, "m"),
     ("target", 3, "m"),
     ("target_error", 3, "m"),
@@ -82,7 +89,8 @@ class ReachCfg:
     control_hz: float = 30.0
     physics_dt: float = 0.0056                  # s, rounded to a whole number of substeps
     episode_s: float = 8.0
-    action_scale: float = 0.5
+    action_scale: float = 0.05                  # rad of goal change per control step at action 1
+    action_clip: float = 1.0
     servo: str = "servo/sts3215_7v4.yaml"       # relative to configs/
     command: CommandCfg = field(default_factory=CommandCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)
@@ -93,6 +101,8 @@ class ReachCfg:
             raise ValueError("control_hz: must be in 1..1000")
         if not 0 < self.physics_dt <= 1 / self.control_hz:
             raise ValueError("physics_dt: must be positive and at most one control period")
+        if not (self.action_scale > 0 and self.action_clip > 0):
+            raise ValueError("action_scale/action_clip: must be positive")
         if not self.episode_s >= self.command.resample_s:
             raise ValueError("episode_s: must hold at least one target window")
 
@@ -118,23 +128,24 @@ def full_pose(dyn: ArmDynamics, arm_q: torch.Tensor) -> torch.Tensor:
     return q
 
 
-def observe(dyn: ArmDynamics, arm_q: torch.Tensor, arm_q_prev: torch.Tensor, target: torch.Tensor,
-            last_action: torch.Tensor, control_hz: float) -> torch.Tensor:
-    """The policy observation [N, OBS_DIM] from encoder readings (rad), target and last action."""
+def observe(dyn: ArmDynamics, arm_q: torch.Tensor, arm_q_prev: torch.Tensor, goal: torch.Tensor,
+            target: torch.Tensor, last_action: torch.Tensor, control_hz: float) -> torch.Tensor:
+    """The policy observation [N, OBS_DIM] from encoder readings (rad), the commanded arm
+    goal (rad), the target and the last action."""
     home = torch.as_tensor(dyn.robot.home, device=arm_q.device, dtype=arm_q.dtype)
     tip = dyn.fingertip(full_pose(dyn, arm_q))
     vel = (arm_q - arm_q_prev) * control_hz
-    return torch.cat((arm_q - home, vel, tip, target, target - tip, last_action), dim=-1)
+    return torch.cat((arm_q - home, vel, goal - home, tip, target, target - tip, last_action), dim=-1)
 
 
-def action_to_goal(dyn: ArmDynamics, action: torch.Tensor, action_scale: float) -> torch.Tensor:
-    """Arm joint goals [N, 5] (rad) for policy actions [N, 5]."""
+def action_to_goal(dyn: ArmDynamics, action: torch.Tensor, goal: torch.Tensor, action_scale: float,
+                   action_clip: float) -> torch.Tensor:
+    """The next arm goal [N, 5] (rad) from the current goal and policy actions [N, 5]."""
     r = dyn.robot
-    home = torch.as_tensor(r.home, device=action.device, dtype=action.dtype)
     idx = r.arm_index
     lo = torch.as_tensor(r.lower[idx], device=action.device, dtype=action.dtype)
     hi = torch.as_tensor(r.upper[idx], device=action.device, dtype=action.dtype)
-    return torch.clamp(home + action_scale * action, lo, hi)
+    return torch.clamp(goal + action_scale * torch.clamp(action, -action_clip, action_clip), lo, hi)
 
 
 def check_action(action: torch.Tensor) -> None:

@@ -51,6 +51,16 @@ class ArmSim:
         """Encoder readings [N, J] in rad: whole ticks, including each joint's calibration error."""
         return quantize(self.q + self.physics.encoder_offset)
 
+    def state_dict(self) -> dict:
+        return {"q": self.q, "qd": self.qd, "goal": self.goal, "firmware": dict(vars(self.firmware)),
+                "physics": dataclasses.asdict(self.physics)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.q, self.qd, self.goal = state["q"], state["qd"], state["goal"]
+        for k, v in state["firmware"].items():
+            setattr(self.firmware, k, v)
+        self.physics = Physics(**state["physics"])
+
     def reset(self, mask: torch.Tensor, q: torch.Tensor) -> None:
         """Place environments `mask` at rest at q, torque on with goal := present."""
         m = mask[:, None]

@@ -22,9 +22,15 @@ from soarm.sim import ArmSim
 
 
 class ReachEnv:
+    # Everything that evolves while the env runs, for checkpoints (besides sim and generator).
+    _STATE = ("target", "action", "goal", "pending", "latent", "prev_meas", "step_count", "ep_return", "obs")
+
     def __init__(self, cfg: ReachCfg, num_envs: int, device: str = "cpu", seed: int = 0,
-                 robot: RobotDescription | None = None):
-        self.cfg, self.num_envs = cfg, num_envs
+                 robot: RobotDescription | None = None, check_actions: bool = True):
+        """`check_actions=False` skips the NaN check on every step (a host sync); the
+        trainer checks its parameters and losses once per iteration instead, and a
+        non-finite state still terminates the episode."""
+        self.cfg, self.num_envs, self.check_actions = cfg, num_envs, check_actions
         self.device = torch.device(device)
         self.robot = robot or load_robot()
         servo_cfg = config.load(ServoConfig, CONFIG_DIR / cfg.servo)
@@ -43,7 +49,8 @@ class ReachEnv:
         N = num_envs
         self.target = torch.zeros(N, 3, **kw)
         self.action = torch.zeros(N, ACTION_DIM, **kw)          # last policy output
-        self.pending = torch.zeros(N, ACTION_DIM, **kw)         # for one-step latency
+        self.goal = torch.zeros(N, ACTION_DIM, **kw)            # commanded arm goal (rad)
+        self.pending = torch.zeros(N, ACTION_DIM, **kw)         # the previous goal, for one-step latency
         self.latent = torch.zeros(N, dtype=torch.bool, device=self.device)
         self.prev_meas = torch.zeros(N, ACTION_DIM, **kw)
         self.step_count = torch.zeros(N, dtype=torch.long, device=self.device)
@@ -84,8 +91,9 @@ class ReachEnv:
         self.sim.reset(mask, full_pose(self.dyn, arm_q))
         self.target = torch.where(m[:, :1].expand(n, 3), self._draw_targets(), self.target)
         self.action = torch.where(mask[:, None], 0.0, self.action)
-        self.pending = torch.where(mask[:, None], 0.0, self.pending)
         meas = self.sim.measured()[:, self.arm]
+        self.goal = torch.where(mask[:, None], meas, self.goal)          # torque on: goal := present
+        self.pending = torch.where(mask[:, None], meas, self.pending)
         self.prev_meas = torch.where(mask[:, None], meas, self.prev_meas)
         self.step_count = torch.where(mask, 0, self.step_count)
         self.ep_return = torch.where(mask, 0.0, self.ep_return)
@@ -98,16 +106,18 @@ class ReachEnv:
 
     def _observe(self, meas: torch.Tensor | None = None) -> torch.Tensor:
         meas = self.sim.measured()[:, self.arm] if meas is None else meas
-        return observe(self.dyn, meas, self.prev_meas, self.target, self.action, self.cfg.control_hz)
+        return observe(self.dyn, meas, self.prev_meas, self.goal, self.target, self.action, self.cfg.control_hz)
 
     # ------------------------------------------------------------------- step
     def step(self, actions: torch.Tensor):
-        check_action(actions)
+        if self.check_actions:
+            check_action(actions)
         cfg = self.cfg
-        applied = torch.where(self.latent[:, None], self.pending, actions)
-        self.pending = actions
+        self.goal = action_to_goal(self.dyn, actions, self.goal, cfg.action_scale, cfg.action_clip)
+        applied = torch.where(self.latent[:, None], self.pending, self.goal)
+        self.pending = self.goal
         goal = self.sim.goal.clone()
-        goal[:, self.arm] = action_to_goal(self.dyn, applied, cfg.action_scale)
+        goal[:, self.arm] = applied
         self.sim.step(goal, cfg.substeps)
 
         meas = self.sim.measured()[:, self.arm]
@@ -138,6 +148,21 @@ class ReachEnv:
         self.prev_meas = now
         window_error = torch.where(window_end, error.norm(dim=-1), torch.nan)
         return self.obs, reward, terminated, truncated, {"final_obs": final_obs, "window_error": window_error}
+
+    # ------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict:
+        """The complete running state: restoring it continues the very same episodes."""
+        return {"gen": self.gen.get_state(), "sim": self.sim.state_dict(), "ep_terms": dict(self.ep_terms),
+                **{k: getattr(self, k) for k in self._STATE}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["target"].shape[0] != self.num_envs:
+            raise ValueError(f"env state holds {state['target'].shape[0]} environments, this env has {self.num_envs}")
+        self.gen.set_state(state["gen"])
+        self.sim.load_state_dict(state["sim"])
+        self.ep_terms = dict(state["ep_terms"])
+        for k in self._STATE:
+            setattr(self, k, state[k].to(self.device))
 
     # ------------------------------------------------------------------ stats
     def _record(self, terms, reward, dist, window_end, done, terminated, truncated) -> None:

@@ -18,9 +18,9 @@ Policy = Callable[[torch.Tensor], torch.Tensor]
 
 
 def evaluate(policy: Policy, cfg: ReachCfg, targets: int = 256, num_envs: int = 64, seed: int = 1234,
-             progress: bool = True) -> dict:
+             progress: bool = True, device: str | torch.device = "cpu") -> dict:
     """Fingertip error at the end of each target window, over `targets` windows."""
-    env = ReachEnv(cfg, num_envs, seed=seed)
+    env = ReachEnv(cfg, num_envs, seed=seed, device=device)
     obs = env.reset()
     errors: list[float] = []
     steps = math.ceil(targets / num_envs) * env.window + env.window

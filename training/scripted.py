@@ -1,8 +1,8 @@
 """A scripted reach controller: resolved-rate damped least squares on the observation alone.
 
-It reads the same observation a policy reads (measured joints, target error, last action),
-so it runs through exactly the same action path; its integral action absorbs the servo's
-gravity sag. It is the baseline a learned policy must beat.
+It reads the same observation a policy reads (measured joints, target error) and outputs
+relative joint targets, so it runs through exactly the same action path; integrating the
+goal absorbs the servo's gravity sag. It is the baseline a learned policy must beat.
 """
 
 from __future__ import annotations
@@ -22,14 +22,11 @@ def _slices() -> dict[str, slice]:
 
 
 class ScriptedReach:
-    def __init__(self, dyn: ArmDynamics, action_scale: float, gain: float = 0.1, damping: float = 0.02):
-        self.dyn, self.scale, self.gain, self.damping = dyn, action_scale, gain, damping
-        r = dyn.robot
-        self.home = torch.as_tensor(r.home, dtype=dyn.dtype)
-        idx = r.arm_index
-        self.lo = (torch.as_tensor(r.lower[idx], dtype=dyn.dtype) - self.home) / action_scale
-        self.hi = (torch.as_tensor(r.upper[idx], dtype=dyn.dtype) - self.home) / action_scale
-        self.arm = idx
+    def __init__(self, dyn: ArmDynamics, action_scale: float, action_clip: float, gain: float = 0.1,
+                 damping: float = 0.02):
+        self.dyn, self.scale, self.clip, self.gain, self.damping = dyn, action_scale, action_clip, gain, damping
+        self.home = torch.as_tensor(dyn.robot.home, dtype=dyn.dtype)
+        self.arm = dyn.robot.arm_index
         self.s = _slices()
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
@@ -39,4 +36,4 @@ class ScriptedReach:
         J = self.dyn.jacobian(full_pose(self.dyn, q))[:, :, self.arm]          # [N,3,5]
         JJt = J @ J.transpose(1, 2) + self.damping ** 2 * torch.eye(3, dtype=J.dtype)
         dq = (J.transpose(1, 2) @ torch.linalg.solve(JJt, self.gain * err[..., None])).squeeze(-1)
-        return torch.clamp(obs[:, s["last_action"]] + dq / self.scale, self.lo, self.hi)
+        return torch.clamp(dq / self.scale, -self.clip, self.clip)

@@ -1,0 +1,132 @@
+"""PPO pieces that can be checked exactly: the Gaussian, GAE, the first minibatch, the normalizer."""
+
+import numpy as np
+import torch
+
+from soarm.training.modules import (ActorCritic, Normalizer, PolicyCfg, gaussian_entropy, gaussian_kl,
+                                    gaussian_log_prob)
+from soarm.training.ppo import PPO, PPOCfg
+from soarm.training.storage import gae
+from soarm.training.env import ReachEnv
+
+
+def test_gaussian_matches_torch_distributions():
+    g = torch.Generator().manual_seed(0)
+    mean, x = torch.randn(64, 5, generator=g), torch.randn(64, 5, generator=g)
+    log_std = torch.randn(5, generator=g) * 0.5
+    d = torch.distributions.Normal(mean, log_std.exp())
+    assert torch.allclose(gaussian_log_prob(x, mean, log_std), d.log_prob(x).sum(-1), atol=1e-5)
+    assert torch.allclose(gaussian_entropy(log_std), d.entropy()[0].sum(), atol=1e-6)
+    mean2, log_std2 = mean + 0.1 * torch.randn(64, 5, generator=g), log_std + 0.2
+    d2 = torch.distributions.Normal(mean2, log_std2.exp())
+    ref = torch.distributions.kl_divergence(d, d2).sum(-1)
+    assert torch.allclose(gaussian_kl(mean, log_std, mean2, log_std2), ref, atol=1e-5)
+
+
+def slow_gae(rewards, values, dones, last_value, gamma, lam):
+    T, N = rewards.shape
+    adv = np.zeros((T, N))
+    for n in range(N):
+        running = 0.0
+        for t in reversed(range(T)):
+            next_v = last_value[n] if t == T - 1 else values[t + 1, n]
+            nonterminal = 1.0 - dones[t, n]
+            delta = rewards[t, n] + gamma * next_v * nonterminal - values[t, n]
+            running = delta + gamma * lam * nonterminal * running
+            adv[t, n] = running
+    return adv, adv + values
+
+
+def test_gae_matches_slow_reference():
+    rng = np.random.default_rng(0)
+    T, N = 17, 9
+    r, v = rng.normal(size=(T, N)), rng.normal(size=(T, N))
+    d = (rng.random((T, N)) < 0.15).astype(float)
+    last = rng.normal(size=N)
+    adv, ret = gae(*(torch.tensor(a) for a in (r, v, d, last)), 0.97, 0.9)
+    ref_adv, ref_ret = slow_gae(r, v, d, last, 0.97, 0.9)
+    np.testing.assert_allclose(adv.numpy(), ref_adv, atol=1e-12)
+    np.testing.assert_allclose(ret.numpy(), ref_ret, atol=1e-12)
+
+
+def test_normalizer_matches_numpy():
+    rng = np.random.default_rng(1)
+    norm = Normalizer(4)
+    batches = [rng.normal(loc=[1, -2, 0, 5], scale=[0.1, 3, 1, 10], size=(n, 4)) for n in (7, 300, 1, 64)]
+    for b in batches:
+        norm.update(torch.tensor(b, dtype=torch.float32))
+    allx = np.concatenate(batches)
+    np.testing.assert_allclose(norm.mean.numpy(), allx.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(norm.var.numpy(), allx.var(0), rtol=1e-5)
+    assert float(norm.count) == len(allx)
+
+
+def _rollout(task_cfg, N=32, T=8):
+    torch.manual_seed(0)
+    env = ReachEnv(task_cfg, N, seed=0, check_actions=False)
+    model = ActorCritic(env.num_obs, env.num_actions, PolicyCfg(actor_hidden=(32,), critic_hidden=(32,)))
+    model.normalizer.update(env.obs)          # non-trivial statistics, as after a first iteration
+    ppo = PPO(model, PPOCfg(num_steps=T, minibatches=2, epochs=1), N, torch.device("cpu"), compile=False)
+    ppo.begin_rollout()
+    obs = env.obs
+    with torch.no_grad():
+        for t in range(T):
+            obs, rew, term, trunc, info = env.step(ppo.act(t, obs))
+            ppo.record(t, rew, term, trunc, info["final_obs"])
+        ppo.compute_returns(obs)
+    return ppo
+
+
+def test_first_minibatch_has_ratio_one_and_zero_kl(task_cfg):
+    ppo = _rollout(task_cfg)
+    s = ppo.storage
+    with torch.no_grad():
+        mean, value = ppo.model(s.flat("obs"))
+        log_prob = gaussian_log_prob(s.flat("actions"), mean, ppo.model.log_std)
+    torch.testing.assert_close(torch.exp(log_prob - s.flat("log_probs")), torch.ones_like(log_prob),
+                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(value, s.flat("values"))
+    idx = torch.arange(ppo.minibatch)
+    _, stats = ppo._loss(idx, s.flat("obs"), s.flat("actions"), s.flat("log_probs"), s.flat("means"),
+                         ppo.old_log_std, s.flat("advantages"), s.flat("returns"), s.flat("values"))
+    surrogate, value_loss, entropy, kl, clip_fraction = stats.tolist()
+    assert abs(kl) < 1e-7 and clip_fraction == 0.0
+    # With ratio 1 the clipped surrogate is minus the mean advantage of the minibatch.
+    assert abs(surrogate + float(s.flat("advantages")[idx].mean())) < 1e-5
+
+
+def test_update_changes_policy_and_adapts_lr(task_cfg):
+    ppo = _rollout(task_cfg)
+    before = [p.detach().clone() for p in ppo.model.parameters()]
+    stats = ppo.update()
+    assert all(torch.isfinite(v).all() for v in stats.values())
+    assert any(not torch.equal(a, b) for a, b in zip(before, ppo.model.parameters()))
+    # The optimizer reads the very tensor the KL rule adapts.
+    assert ppo.optimizer.param_groups[0]["lr"] is ppo.lr
+
+
+def test_adaptive_lr_follows_rsl_rl_rule(task_cfg):
+    ppo = _rollout(task_cfg)
+    cfg = ppo.cfg
+    for kl, factor in ((3 * cfg.desired_kl, 1 / 1.5), (0.1 * cfg.desired_kl, 1.5), (cfg.desired_kl, 1.0)):
+        ppo.lr.fill_(1e-3)
+        ppo._adapt_lr(torch.tensor(kl))
+        assert abs(float(ppo.lr) - 1e-3 * factor) < 1e-9
+    ppo.lr.fill_(cfg.lr_bounds[1])
+    ppo._adapt_lr(torch.tensor(0.0))         # KL exactly 0 (no change yet): keep the rate
+    assert abs(float(ppo.lr) - cfg.lr_bounds[1]) < 1e-9
+
+
+def test_truncation_bootstraps_from_final_observation(task_cfg):
+    """A time-out's reward gains gamma * V(the observation it ended in), nothing else does."""
+    ppo = _rollout(task_cfg)
+    s = ppo.storage
+    rewards = s.rewards.clone()
+    s.truncated.zero_()
+    s.truncated[3, 5] = True
+    s.final_obs[3, 5] = s.obs[0, 0]
+    ppo.compute_returns(s.obs[-1])
+    expected = rewards.clone()
+    with torch.no_grad():
+        expected[3, 5] += ppo.cfg.gamma * ppo.model.value(s.obs[0, :1])[0]
+    torch.testing.assert_close(s.rewards, expected)

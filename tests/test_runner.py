@@ -1,0 +1,142 @@
+"""The training runner: resume continuity, NaN handling, checkpoints, the CLI's bad input."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from soarm import REPO_ROOT, cli
+from soarm.training import checkpoint
+from soarm.training.modules import PolicyCfg
+from soarm.training.ppo import PPOCfg
+from soarm.training.runner import RunCfg, Runner, TrainCfg, TrainingDiverged
+
+
+def tiny_cfg(iterations: int, **run) -> TrainCfg:
+    return TrainCfg(
+        run=RunCfg(num_envs=32, iterations=iterations, compile=False, save_every=2, eval_targets=0, **run),
+        policy=PolicyCfg(actor_hidden=(32, 32), critic_hidden=(32, 32)),
+        ppo=PPOCfg(num_steps=8, epochs=2, minibatches=2),
+    )
+
+
+def params(runner):
+    return torch.cat([p.detach().reshape(-1) for p in runner.model.parameters()])
+
+
+def test_resume_continues_the_same_run(tmp_path):
+    straight = Runner(tiny_cfg(4), tmp_path / "a", progress=False)
+    straight.learn()
+
+    first = Runner(tiny_cfg(2), tmp_path / "b", progress=False)
+    first.learn()
+    state = checkpoint.load(tmp_path / "b")
+    assert state["iteration"] == 2
+    resumed = Runner(tiny_cfg(4), tmp_path / "b", resume=state, progress=False)
+    resumed.learn()
+
+    assert torch.equal(params(straight), params(resumed))
+    assert torch.equal(straight.model.normalizer.mean, resumed.model.normalizer.mean)
+    assert float(straight.ppo.lr) == float(resumed.ppo.lr)
+    assert straight.total_steps == resumed.total_steps
+    rows_a = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    rows_b = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows_b] == [0, 1, 2, 3]
+    for ra, rb in zip(rows_a, rows_b):
+        assert ra["loss/value_loss"] == rb["loss/value_loss"] and ra.get("task/fingertip_error") == rb.get(
+            "task/fingertip_error")
+
+
+def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
+    runner = Runner(tiny_cfg(2), tmp_path, progress=False)
+    runner.learn()
+    good = (tmp_path / "model_2.pt").read_bytes()
+    with torch.no_grad():
+        runner.model.critic[0].weight[0, 0] = float("nan")
+    runner.cfg.run.iterations = 4
+    with pytest.raises(TrainingDiverged, match="non-finite.*model_2.pt"):
+        runner.learn()
+    assert (tmp_path / "model_2.pt").read_bytes() == good
+    assert not (tmp_path / "model_4.pt").exists()
+
+
+def test_checkpoint_is_written_atomically(tmp_path, monkeypatch):
+    runner = Runner(tiny_cfg(2), tmp_path, progress=False)
+    runner.learn()
+    before = (tmp_path / "model_2.pt").read_bytes()
+
+    def crash(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError):
+        runner.save()
+    assert (tmp_path / "model_2.pt").read_bytes() == before
+
+
+@pytest.mark.parametrize("content", [None, b"", b"not a checkpoint at all", "truncated"])
+def test_resume_of_a_bad_checkpoint_fails_cleanly(tmp_path, capsys, content):
+    path = tmp_path / "model_5.pt"
+    if content == "truncated":
+        runner = Runner(tiny_cfg(2), tmp_path / "run", progress=False)
+        runner.learn()
+        data = (tmp_path / "run" / "model_2.pt").read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif content is not None:
+        path.write_bytes(content)
+    assert cli.main(["train", "--resume", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(path) in err
+
+
+def test_foreign_torch_file_is_refused(tmp_path):
+    path = tmp_path / "model_1.pt"
+    torch.save({"state_dict": {}}, path)
+    with pytest.raises(checkpoint.CheckpointError, match="not a soarm PPO checkpoint"):
+        checkpoint.load(path)
+
+
+def test_mistyped_train_config_key_is_named(tmp_path, capsys):
+    bad = tmp_path / "train.yaml"
+    bad.write_text("ppo:\n  epoch: 5\n")
+    assert cli.main(["train", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "ppo.epoch" in err and str(bad) in err
+
+
+def test_evaluate_a_checkpoint_from_the_cli(tmp_path, capsys):
+    Runner(tiny_cfg(2), tmp_path / "run", progress=False).learn()
+    out = tmp_path / "eval.json"
+    assert cli.main(["evaluate", str(tmp_path / "run"), "--targets", "16", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["targets"] == 16 and 0 <= result["success_1cm"] <= 1
+    assert {"mean_error_m", "median_error_m", "p95_error_m", "success_5mm"} <= set(result)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_distributed_training_on_gloo(tmp_path):
+    """torchrun, 2 processes on CPU: identical weights on both ranks, merged normalizer,
+    checkpoints from rank 0 only."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={_free_port()}", str(Path(__file__).parent / "distributed_worker.py"), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert torch.equal(ranks[0]["params"], ranks[1]["params"])
+    assert torch.equal(ranks[0]["norm_mean"], ranks[1]["norm_mean"])
+    assert float(ranks[0]["lr"]) == float(ranks[1]["lr"])
+    cfg = tiny_cfg(2)
+    assert float(ranks[0]["norm_count"]) == 2 * 2 * cfg.ppo.num_steps * cfg.run.num_envs
+    assert sorted(p.name for p in (tmp_path / "run").glob("model_*.pt")) == ["model_2.pt"]
+    # the two ranks ran different environments
+    assert not torch.equal(ranks[0]["obs"], ranks[1]["obs"])

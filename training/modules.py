@@ -1,0 +1,134 @@
+"""Networks of the PPO agent: observation normalizer, Gaussian actor, critic.
+
+Log-probability, entropy and KL of the diagonal Gaussian are written out by hand: the
+std does not depend on the state, so these are a few fused element-wise ops instead of
+a `torch.distributions` object built (and validated) on every call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+@dataclass
+class PolicyCfg:
+    actor_hidden: tuple[int, ...] = (256, 128, 64)
+    critic_hidden: tuple[int, ...] = (256, 128, 64)
+    activation: str = "elu"
+    init_std: float = 1.0
+
+    def validate(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"policy.activation: '{self.activation}' is not one of {sorted(ACTIVATIONS)}")
+        if not self.init_std > 0:
+            raise ValueError("policy.init_std: must be positive")
+
+
+ACTIVATIONS = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """log N(x; mean, diag(exp(log_std))^2), summed over the last dim."""
+    z = (x - mean) * torch.exp(-log_std)
+    return (-0.5 * z.square() - log_std - LOG_SQRT_2PI).sum(-1)
+
+
+def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
+    return (0.5 + LOG_SQRT_2PI + log_std).sum(-1)
+
+
+def gaussian_kl(mean_old, log_std_old, mean_new, log_std_new) -> torch.Tensor:
+    """KL(old || new) per sample, summed over the action dims."""
+    var_old, var_new = torch.exp(2 * log_std_old), torch.exp(2 * log_std_new)
+    return (log_std_new - log_std_old + (var_old + (mean_old - mean_new).square()) / (2 * var_new) - 0.5).sum(-1)
+
+
+class Normalizer(nn.Module):
+    """Running mean and variance of the observations (Chan et al. parallel merge).
+
+    `forward` normalizes with the current statistics; `update` merges a batch in. The
+    trainer freezes the statistics during a rollout and its update, and merges the
+    rollout in afterwards, so the stored log-probs stay exact. The statistics are
+    buffers: they travel with the state dict and into the exported ONNX graph. `eps` is
+    rsl_rl's: a feature that never varied is scaled by 100, not by a million.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-2):
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.ones(dim))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / (self.var.sqrt() + self.eps)
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor, group=None) -> None:
+        """Merge the rows of x [B, dim]; with a process group, the rows of every rank."""
+        x = x.reshape(-1, x.shape[-1]).double()
+        n = torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device)
+        total = x.sum(0)
+        if group is not None:
+            both = torch.cat((n[None], total))
+            torch.distributed.all_reduce(both, group=group)
+            n, total = both[0], both[1:]
+        b_mean = total / n
+        m2 = (x - b_mean).square().sum(0)
+        if group is not None:
+            torch.distributed.all_reduce(m2, group=group)
+        count = self.count
+        new = count + n
+        delta = b_mean - self.mean.double()
+        mean = self.mean.double() + delta * (n / new)
+        m2_all = self.var.double() * count + m2 + delta.square() * (count * n / new)
+        self.mean.copy_(mean)
+        self.var.copy_(m2_all / new)
+        self.count.copy_(new)
+
+
+def mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
+    """Orthogonal init (sqrt 2 in the hidden layers, `out_gain` at the output), zero biases."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        lin = nn.Linear(a, b)
+        last = i == len(sizes) - 2
+        nn.init.orthogonal_(lin.weight, out_gain if last else math.sqrt(2))
+        nn.init.zeros_(lin.bias)
+        layers.append(lin)
+        if not last:
+            layers.append(ACTIVATIONS[activation]())
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs behind one observation normalizer."""
+
+    def __init__(self, obs_dim: int, action_dim: int, cfg: PolicyCfg):
+        super().__init__()
+        self.obs_dim, self.action_dim = obs_dim, action_dim
+        self.normalizer = Normalizer(obs_dim)
+        self.actor = mlp([obs_dim, *cfg.actor_hidden, action_dim], cfg.activation, 0.01)
+        self.critic = mlp([obs_dim, *cfg.critic_hidden, 1], cfg.activation, 1.0)
+        self.log_std = nn.Parameter(torch.full((action_dim,), math.log(cfg.init_std)))
+
+    def actor_parameters(self) -> list[nn.Parameter]:
+        return [*self.actor.parameters(), self.log_std]
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(action mean [B, A], value [B]) of raw observations."""
+        x = self.normalizer(obs)
+        return self.actor(x), self.critic(x).squeeze(-1)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.normalizer(obs)).squeeze(-1)
+
+    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        """The deployed policy: the mean action."""
+        return self.actor(self.normalizer(obs))

@@ -1,0 +1,228 @@
+"""PPO for batched environments: act, record, compute returns, update.
+
+Written so that nothing in the rollout or the minibatch loop waits for the device: the
+learning rate is a device tensor adapted from the KL on the device, statistics
+accumulate as tensors, and the caller reads them once per iteration. One host sync per
+iteration remains in `compute_returns` (picking the time-outs to bootstrap).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from soarm.training.modules import ActorCritic, gaussian_entropy, gaussian_kl, gaussian_log_prob
+from soarm.training.storage import RolloutStorage, gae
+
+SCHEDULES = ("adaptive", "linear", "fixed")
+STAT_NAMES = ("surrogate_loss", "value_loss", "entropy", "kl", "clip_fraction")
+
+
+@dataclass
+class PPOCfg:
+    num_steps: int = 24                  # rollout length per environment
+    epochs: int = 5
+    minibatches: int = 4
+    gamma: float = 0.99
+    lam: float = 0.95
+    clip: float = 0.2
+    value_clip: float = 0.2              # 0 turns value clipping off
+    value_coef: float = 1.0
+    entropy_coef: float = 0.005
+    learning_rate: float = 1e-3
+    schedule: str = "adaptive"           # adaptive (rsl_rl's KL rule) | linear (to 0) | fixed
+    desired_kl: float = 0.01
+    lr_bounds: tuple[float, float] = (1e-5, 1e-2)
+    max_grad_norm: float = 1.0           # per network (actor incl. std, critic)
+    early_stop_kl: float = 0.0           # > 0: stop the epochs once the mean KL exceeds it
+
+    def validate(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"ppo.schedule: '{self.schedule}' is not one of {', '.join(SCHEDULES)}")
+        if self.num_steps < 1 or self.epochs < 1 or self.minibatches < 1:
+            raise ValueError("ppo.num_steps/epochs/minibatches: must be at least 1")
+        if not (0 < self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ValueError("ppo.gamma/lam: must lie in (0, 1] and [0, 1]")
+        if not 0 < self.lr_bounds[0] <= self.learning_rate <= self.lr_bounds[1]:
+            raise ValueError("ppo.learning_rate: must lie inside lr_bounds")
+
+
+def compile_or_eager(fn, name: str, enabled: bool):
+    """torch.compile(fn), or fn itself where compiling is off or unavailable."""
+    if not enabled:
+        return fn
+    try:
+        return torch.compile(fn, dynamic=False)
+    except Exception as e:  # noqa: BLE001 - no backend here: run eagerly
+        print(f"torch.compile unavailable for {name} ({type(e).__name__}); running eagerly")
+        return fn
+
+
+class PPO:
+    def __init__(self, model: ActorCritic, cfg: PPOCfg, num_envs: int, device: torch.device,
+                 compile: bool = True, group=None):
+        self.model, self.cfg, self.device, self.group = model, cfg, device, group
+        self.world = torch.distributed.get_world_size(group) if group is not None else 1
+        self.storage = RolloutStorage(cfg.num_steps, num_envs, model.obs_dim, model.action_dim, device)
+        self.lr = torch.tensor(cfg.learning_rate, device=device)
+        # Fused Adam takes the learning rate as a device tensor, so adapting it never syncs.
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=self.lr, fused=True)
+        self.actor_params = model.actor_parameters()
+        self.critic_params = list(model.critic.parameters())
+        self.old_log_std = model.log_std.detach().clone()
+        batch = cfg.num_steps * num_envs
+        if batch % cfg.minibatches:
+            raise ValueError(f"ppo.minibatches: {cfg.minibatches} does not divide the batch of {batch} samples")
+        self.minibatch = batch // cfg.minibatches
+        self._act = compile_or_eager(self._act_eager, "action selection", compile)
+        self._loss = compile_or_eager(self._loss_eager, "the PPO loss", compile)
+        if compile:
+            self._warm_up()
+
+    # ---------------------------------------------------------------- rollout
+    def begin_rollout(self) -> None:
+        self.old_log_std = self.model.log_std.detach().clone()
+
+    @torch.no_grad()
+    def act(self, t: int, obs: torch.Tensor) -> torch.Tensor:
+        """Sample actions for step t and record what the update needs."""
+        noise = torch.randn(obs.shape[0], self.model.action_dim, device=obs.device)
+        action, mean, value, log_prob = self._act(obs, noise)
+        s = self.storage
+        s.obs[t] = obs
+        s.actions[t] = action
+        s.means[t] = mean
+        s.values[t] = value
+        s.log_probs[t] = log_prob
+        return action
+
+    def _act_eager(self, obs, noise):
+        mean, value = self.model(obs)
+        log_std = self.model.log_std
+        action = mean + torch.exp(log_std) * noise
+        log_prob = (-0.5 * noise.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return action, mean, value, log_prob
+
+    def record(self, t: int, reward, terminated, truncated, final_obs) -> None:
+        s = self.storage
+        s.rewards[t] = reward
+        s.dones[t] = (terminated | truncated).float()
+        s.truncated[t] = truncated
+        s.final_obs[t] = final_obs
+
+    @torch.no_grad()
+    def compute_returns(self, last_obs: torch.Tensor) -> None:
+        """Bootstrap time-outs with the value of the observation they ended in, then GAE."""
+        s, cfg = self.storage, self.cfg
+        ended = s.truncated.view(-1).nonzero().squeeze(-1)      # the one host sync per iteration
+        if ended.numel():
+            v = self.model.value(s.flat("final_obs")[ended])
+            s.rewards.view(-1).index_add_(0, ended, cfg.gamma * v)
+        adv, ret = gae(s.rewards, s.values, s.dones, self.model.value(last_obs), cfg.gamma, cfg.lam)
+        s.returns.copy_(ret)
+        s.advantages.copy_((adv - adv.mean()) / (adv.std() + 1e-8))
+
+    # ----------------------------------------------------------------- update
+    def _loss_eager(self, idx, obs, actions, old_log_prob, old_mean, old_log_std, adv, ret, old_value):
+        cfg = self.cfg
+        mean, value = self.model(obs[idx])
+        log_std = self.model.log_std
+        log_prob = gaussian_log_prob(actions[idx], mean, log_std)
+        ratio = torch.exp(log_prob - old_log_prob[idx])
+        a = adv[idx]
+        surrogate = -torch.min(ratio * a, torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip) * a).mean()
+        r, v_old = ret[idx], old_value[idx]
+        value_loss = (value - r).square()
+        if cfg.value_clip > 0:
+            clipped = v_old + torch.clamp(value - v_old, -cfg.value_clip, cfg.value_clip)
+            value_loss = torch.max(value_loss, (clipped - r).square())
+        value_loss = value_loss.mean()
+        entropy = gaussian_entropy(log_std)
+        loss = surrogate + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
+        with torch.no_grad():
+            kl = gaussian_kl(old_mean[idx], old_log_std, mean, log_std).mean()
+            clip_fraction = ((ratio - 1).abs() > cfg.clip).float().mean()
+            stats = torch.stack((surrogate, value_loss, entropy, kl, clip_fraction))
+        return loss, stats
+
+    def update(self) -> dict[str, torch.Tensor]:
+        """Epochs of minibatch SGD over the rollout; returns mean statistics as device tensors."""
+        s, cfg = self.storage, self.cfg
+        args = (s.flat("obs"), s.flat("actions"), s.flat("log_probs"), s.flat("means"), self.old_log_std,
+                s.flat("advantages"), s.flat("returns"), s.flat("values"))
+        total = torch.zeros(len(STAT_NAMES), device=self.device)
+        n = 0
+        B = s.T * s.N
+        for _ in range(cfg.epochs):
+            perm = torch.randperm(B, device=self.device)
+            epoch_kl = torch.zeros((), device=self.device)
+            for k in range(cfg.minibatches):
+                idx = perm[k * self.minibatch:(k + 1) * self.minibatch]
+                loss, stats = self._loss(idx, *args)
+                kl = stats[3]
+                if self.group is not None:
+                    kl = kl.clone()
+                    torch.distributed.all_reduce(kl, group=self.group)
+                    kl /= self.world
+                if cfg.schedule == "adaptive":
+                    self._adapt_lr(kl)
+                self.optimizer.zero_grad(set_to_none=False)
+                loss.backward()
+                self._reduce_gradients()
+                nn.utils.clip_grad_norm_(self.actor_params, cfg.max_grad_norm)
+                nn.utils.clip_grad_norm_(self.critic_params, cfg.max_grad_norm)
+                self.optimizer.step()
+                total += stats
+                epoch_kl += kl
+                n += 1
+            # Optional approximate-KL early stop: one host read per epoch, only when enabled.
+            if cfg.early_stop_kl > 0 and float(epoch_kl) / cfg.minibatches > cfg.early_stop_kl:
+                break
+        out = dict(zip(STAT_NAMES, total / n))
+        v, r = s.values, s.returns
+        out["explained_variance"] = 1 - (r - v).var() / (r.var() + 1e-8)
+        out["learning_rate"] = self.lr.clone()
+        out["action_std"] = self.model.log_std.detach().exp().mean()
+        return out
+
+    def _adapt_lr(self, kl: torch.Tensor) -> None:
+        """rsl_rl's rule, on the device: KL above 2x target -> lr / 1.5, below half -> lr * 1.5."""
+        cfg = self.cfg
+        lo, hi = cfg.lr_bounds
+        lr = self.lr
+        new = torch.where(kl > 2 * cfg.desired_kl, torch.clamp(lr / 1.5, min=lo),
+                          torch.where((kl < cfg.desired_kl / 2) & (kl > 0), torch.clamp(lr * 1.5, max=hi), lr))
+        lr.copy_(new)
+
+    def set_linear_lr(self, progress: float) -> None:
+        """Linear annealing towards zero, progress in [0, 1)."""
+        self.lr.fill_(max(self.cfg.learning_rate * (1 - progress), self.cfg.lr_bounds[0]))
+
+    def _reduce_gradients(self) -> None:
+        if self.group is None:
+            return
+        grads = [p.grad for p in self.model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        torch.distributed.all_reduce(flat, group=self.group)
+        flat /= self.world
+        for g, new in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            g.copy_(new)
+
+    def _warm_up(self) -> None:
+        """Compile now, on the empty buffers, so a backend failure shows at start-up and
+        falls back to eager instead of failing mid-run."""
+        try:
+            obs = torch.zeros(self.storage.N, self.model.obs_dim, device=self.device)
+            self._act(obs, torch.zeros(self.storage.N, self.model.action_dim, device=self.device))
+            s = self.storage
+            idx = torch.arange(self.minibatch, device=self.device)
+            loss, _ = self._loss(idx, s.flat("obs"), s.flat("actions"), s.flat("log_probs"), s.flat("means"),
+                                 self.old_log_std, s.flat("advantages"), s.flat("returns"), s.flat("values"))
+            loss.backward()
+        except Exception as e:  # noqa: BLE001 - a compiler/toolchain failure: run eagerly
+            print(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:120]}); running eagerly")
+            self._act, self._loss = self._act_eager, self._loss_eager
+        self.optimizer.zero_grad(set_to_none=False)
