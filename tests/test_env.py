@@ -73,7 +73,8 @@ def test_physics_step_converges(task_cfg):
 def test_scripted_controller_reaches(task_cfg):
     """The environment is solvable to millimetres through the policy's own action path."""
     env = ReachEnv(task_cfg, 1)
-    result = evaluate(ScriptedReach(env.dyn, task_cfg.action_scale, task_cfg.action_clip), task_cfg, targets=64, num_envs=32,
+    policy = ScriptedReach(env.dyn, task_cfg.action_scale, task_cfg.action_clip)
+    result = evaluate(policy, task_cfg, targets=64, num_envs=32,
                       progress=False)
     assert result["success_1cm"] > 0.9 and result["median_error_m"] < 0.005, result
 

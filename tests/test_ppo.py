@@ -1,6 +1,7 @@
 """PPO pieces that can be checked exactly: the Gaussian, GAE, the first minibatch, the normalizer."""
 
 import numpy as np
+import pytest
 import torch
 
 from soarm.training.modules import (ActorCritic, Normalizer, PolicyCfg, gaussian_entropy, gaussian_kl,
@@ -61,12 +62,13 @@ def test_normalizer_matches_numpy():
     assert float(norm.count) == len(allx)
 
 
-def _rollout(task_cfg, N=32, T=8):
+def _rollout(task_cfg, N=32, T=8, mixed_precision=False):
     torch.manual_seed(0)
     env = ReachEnv(task_cfg, N, seed=0, check_actions=False)
     model = ActorCritic(env.num_obs, env.num_actions, PolicyCfg(actor_hidden=(32,), critic_hidden=(32,)))
     model.normalizer.update(env.obs)          # non-trivial statistics, as after a first iteration
-    ppo = PPO(model, PPOCfg(num_steps=T, minibatches=2, epochs=1), N, torch.device("cpu"), compile=False)
+    cfg = PPOCfg(num_steps=T, minibatches=2, epochs=1, precision="bf16" if mixed_precision else "fp32")
+    ppo = PPO(model, cfg, N, torch.device("cpu"), compile=False)
     ppo.begin_rollout()
     obs = env.obs
     with torch.no_grad():
@@ -77,12 +79,15 @@ def _rollout(task_cfg, N=32, T=8):
     return ppo
 
 
-def test_first_minibatch_has_ratio_one_and_zero_kl(task_cfg):
-    ppo = _rollout(task_cfg)
+@pytest.mark.parametrize("mixed_precision", [False, True])
+def test_first_minibatch_has_ratio_one_and_zero_kl(task_cfg, mixed_precision):
+    """Also in bf16: the rollout and the update run the network at the same precision."""
+    ppo = _rollout(task_cfg, mixed_precision=mixed_precision)
     s = ppo.storage
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=mixed_precision):
         mean, value = ppo.model(s.flat("obs"))
-        log_prob = gaussian_log_prob(s.flat("actions"), mean, ppo.model.log_std)
+    mean, value = mean.float(), value.float()
+    log_prob = gaussian_log_prob(s.flat("actions"), mean, ppo.model.log_std).detach()
     torch.testing.assert_close(torch.exp(log_prob - s.flat("log_probs")), torch.ones_like(log_prob),
                                atol=1e-5, rtol=0)
     torch.testing.assert_close(value, s.flat("values"))

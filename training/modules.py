@@ -18,10 +18,10 @@ LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 @dataclass
 class PolicyCfg:
-    actor_hidden: tuple[int, ...] = (256, 128, 64)
-    critic_hidden: tuple[int, ...] = (256, 128, 64)
+    actor_hidden: tuple[int, ...] = (128, 128)
+    critic_hidden: tuple[int, ...] = (128, 128)
     activation: str = "elu"
-    init_std: float = 1.0
+    init_std: float = 0.5
 
     def validate(self) -> None:
         if self.activation not in ACTIVATIONS:
@@ -71,26 +71,25 @@ class Normalizer(nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor, group=None) -> None:
-        """Merge the rows of x [B, dim]; with a process group, the rows of every rank."""
-        x = x.reshape(-1, x.shape[-1]).double()
+        """Merge the rows of x [..., dim]; with a process group, the rows of every rank."""
+        x = x.reshape(-1, x.shape[-1])
+        var, mean = torch.var_mean(x, dim=0, correction=0)
         n = torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device)
-        total = x.sum(0)
+        mean, m2 = mean.double(), var.double() * n
         if group is not None:
-            both = torch.cat((n[None], total))
-            torch.distributed.all_reduce(both, group=group)
-            n, total = both[0], both[1:]
-        b_mean = total / n
-        m2 = (x - b_mean).square().sum(0)
-        if group is not None:
+            sums = torch.cat((n[None], mean * n))
+            torch.distributed.all_reduce(sums, group=group)
+            overall = sums[1:] / sums[0]
+            m2 = m2 + n * (mean - overall).square()
             torch.distributed.all_reduce(m2, group=group)
+            n, mean = sums[0], overall
         count = self.count
-        new = count + n
-        delta = b_mean - self.mean.double()
-        mean = self.mean.double() + delta * (n / new)
-        m2_all = self.var.double() * count + m2 + delta.square() * (count * n / new)
-        self.mean.copy_(mean)
-        self.var.copy_(m2_all / new)
-        self.count.copy_(new)
+        total = count + n
+        delta = mean - self.mean.double()
+        m2_all = self.var.double() * count + m2 + delta.square() * (count * n / total)
+        self.mean.copy_(self.mean.double() + delta * (n / total))
+        self.var.copy_(m2_all / total)
+        self.count.copy_(total)
 
 
 def mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:

@@ -18,6 +18,7 @@ from soarm.training.modules import ActorCritic, gaussian_entropy, gaussian_kl, g
 from soarm.training.storage import RolloutStorage, gae
 
 SCHEDULES = ("adaptive", "linear", "fixed")
+PRECISIONS = ("auto", "bf16", "fp32")
 STAT_NAMES = ("surrogate_loss", "value_loss", "entropy", "kl", "clip_fraction")
 
 
@@ -31,23 +32,37 @@ class PPOCfg:
     clip: float = 0.2
     value_clip: float = 0.2              # 0 turns value clipping off
     value_coef: float = 1.0
-    entropy_coef: float = 0.005
+    entropy_coef: float = 0.001
     learning_rate: float = 1e-3
     schedule: str = "adaptive"           # adaptive (rsl_rl's KL rule) | linear (to 0) | fixed
     desired_kl: float = 0.01
     lr_bounds: tuple[float, float] = (1e-5, 1e-2)
     max_grad_norm: float = 1.0           # per network (actor incl. std, critic)
     early_stop_kl: float = 0.0           # > 0: stop the epochs once the mean KL exceeds it
+    precision: str = "auto"              # bf16 | fp32 | auto (bf16 where the device does it natively)
 
     def validate(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"ppo.schedule: '{self.schedule}' is not one of {', '.join(SCHEDULES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"ppo.precision: '{self.precision}' is not one of {', '.join(PRECISIONS)}")
         if self.num_steps < 1 or self.epochs < 1 or self.minibatches < 1:
             raise ValueError("ppo.num_steps/epochs/minibatches: must be at least 1")
         if not (0 < self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError("ppo.gamma/lam: must lie in (0, 1] and [0, 1]")
         if not 0 < self.lr_bounds[0] <= self.learning_rate <= self.lr_bounds[1]:
             raise ValueError("ppo.learning_rate: must lie inside lr_bounds")
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    """bf16 matmuls (fp32 weights, optimizer and losses) in the rollout and the update.
+    `auto` takes them where the hardware runs them natively: CUDA with bf16, or a CPU with
+    AVX512-BF16/AMX, where they are about 4x faster than fp32 here."""
+    if precision != "auto":
+        return precision == "bf16"
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def compile_or_eager(fn, name: str, enabled: bool):
@@ -65,6 +80,7 @@ class PPO:
     def __init__(self, model: ActorCritic, cfg: PPOCfg, num_envs: int, device: torch.device,
                  compile: bool = True, group=None):
         self.model, self.cfg, self.device, self.group = model, cfg, device, group
+        self.bf16 = use_bf16(cfg.precision, device)
         self.world = torch.distributed.get_world_size(group) if group is not None else 1
         self.storage = RolloutStorage(cfg.num_steps, num_envs, model.obs_dim, model.action_dim, device)
         self.lr = torch.tensor(cfg.learning_rate, device=device)
@@ -79,6 +95,7 @@ class PPO:
         self.minibatch = batch // cfg.minibatches
         self._act = compile_or_eager(self._act_eager, "action selection", compile)
         self._loss = compile_or_eager(self._loss_eager, "the PPO loss", compile)
+        self._gae = compile_or_eager(gae, "GAE", compile)
         if compile:
             self._warm_up()
 
@@ -100,7 +117,10 @@ class PPO:
         return action
 
     def _act_eager(self, obs, noise):
-        mean, value = self.model(obs)
+        # Same precision as the update, so the first minibatch sees ratio 1 there too.
+        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.bf16):
+            mean, value = self.model(obs)
+        mean, value = mean.float(), value.float()
         log_std = self.model.log_std
         action = mean + torch.exp(log_std) * noise
         log_prob = (-0.5 * noise.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
@@ -121,14 +141,16 @@ class PPO:
         if ended.numel():
             v = self.model.value(s.flat("final_obs")[ended])
             s.rewards.view(-1).index_add_(0, ended, cfg.gamma * v)
-        adv, ret = gae(s.rewards, s.values, s.dones, self.model.value(last_obs), cfg.gamma, cfg.lam)
+        adv, ret = self._gae(s.rewards, s.values, s.dones, self.model.value(last_obs), cfg.gamma, cfg.lam)
         s.returns.copy_(ret)
         s.advantages.copy_((adv - adv.mean()) / (adv.std() + 1e-8))
 
     # ----------------------------------------------------------------- update
     def _loss_eager(self, idx, obs, actions, old_log_prob, old_mean, old_log_std, adv, ret, old_value):
         cfg = self.cfg
-        mean, value = self.model(obs[idx])
+        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.bf16):
+            mean, value = self.model(obs[idx])
+        mean, value = mean.float(), value.float()
         log_std = self.model.log_std
         log_prob = gaussian_log_prob(actions[idx], mean, log_std)
         ratio = torch.exp(log_prob - old_log_prob[idx])
@@ -222,7 +244,8 @@ class PPO:
             loss, _ = self._loss(idx, s.flat("obs"), s.flat("actions"), s.flat("log_probs"), s.flat("means"),
                                  self.old_log_std, s.flat("advantages"), s.flat("returns"), s.flat("values"))
             loss.backward()
+            self._gae(s.rewards, s.values, s.dones, s.values[0], self.cfg.gamma, self.cfg.lam)
         except Exception as e:  # noqa: BLE001 - a compiler/toolchain failure: run eagerly
             print(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:120]}); running eagerly")
-            self._act, self._loss = self._act_eager, self._loss_eager
+            self._act, self._loss, self._gae = self._act_eager, self._loss_eager, gae
         self.optimizer.zero_grad(set_to_none=False)

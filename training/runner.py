@@ -31,7 +31,7 @@ from soarm.training.ppo import PPO, PPOCfg
 @dataclass
 class RunCfg:
     num_envs: int = 4096                 # per process
-    iterations: int = 300
+    iterations: int = 500
     seed: int = 0
     device: str = "cpu"
     threads: int = 0                     # torch CPU threads; 0 = one per core
@@ -180,7 +180,7 @@ class Runner:
                 bar.set_postfix_str(f"err {row.get('task/fingertip_error', float('nan')) * 1000:.1f} mm, "
                                     f"ok@1cm {row.get('task/success_1cm', float('nan')) * 100:.0f} %, "
                                     f"{row['perf/total_steps_per_s'] / 1000:.0f}k steps/s")
-                if (it + 1) % cfg.run.print_every == 0 or it + 1 == cfg.run.iterations:
+                if self.progress and ((it + 1) % cfg.run.print_every == 0 or it + 1 == cfg.run.iterations):
                     bar.write(_line(row))
                 if (it + 1) % cfg.run.save_every == 0 or it + 1 == cfg.run.iterations:
                     self.save()

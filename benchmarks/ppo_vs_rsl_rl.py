@@ -1,0 +1,227 @@
+"""Our PPO against rsl_rl 5.5 on the same embedded reach env, in one run, interleaved.
+
+Peers: rsl_rl as it ships (fp32) and rsl_rl with its own bf16 autocast of the update
+(`use_mixed_precision`), since ours runs its matmuls in bf16 where the CPU does them natively.
+All trainers get their own copy of the same env (same seed, physics compiled for both),
+the network sizes, rollout length, epochs, minibatches, PPO coefficients and observation
+normalization of configs/train/reach.yaml, and the same CPU threads. Rounds alternate
+(ours, rsl_rl, ours, ...) so drifts of the machine hit both. Each side's collection and
+update times come from its own runner's timers.
+
+    python benchmarks/ppo_vs_rsl_rl.py [--envs 4096] [--rounds 3] [--iterations 4]
+    python benchmarks/ppo_vs_rsl_rl.py --learn --seeds 0 1 2 --learn-iterations 150
+
+Prints JSON: env-steps/s (collection, update, total) for each and our/rsl_rl ratios;
+with --learn, the final evaluation of each seed at equal env steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from soarm import CONFIG_DIR, config  # noqa: E402
+from soarm.reach import ReachCfg  # noqa: E402
+from soarm.training.evaluate import evaluate  # noqa: E402
+from soarm.training.runner import Runner, TrainCfg  # noqa: E402
+
+
+# ------------------------------------------------------------------ rsl_rl side
+def rsl_rl_runner(cfg: TrainCfg, env_seed: int, mixed_precision: bool = False):
+    from rsl_rl.env import VecEnv
+    from rsl_rl.runners import OnPolicyRunner
+    from tensordict import TensorDict
+
+    from soarm.training.env import ReachEnv
+
+    class Adapter(VecEnv):
+        """Our ReachEnv behind rsl_rl's VecEnv interface (time-outs in extras)."""
+
+        def __init__(self, env: ReachEnv):
+            self.env, self.num_envs, self.num_actions = env, env.num_envs, env.num_actions
+            self.max_episode_length, self.device, self.cfg = env.max_steps, env.device, {}
+
+        @property
+        def episode_length_buf(self):
+            return self.env.step_count
+
+        @episode_length_buf.setter
+        def episode_length_buf(self, value):
+            self.env.step_count = value
+
+        def _td(self, obs):
+            return TensorDict({"policy": obs}, batch_size=[self.num_envs])
+
+        def get_observations(self):
+            return self._td(self.env.obs)
+
+        def step(self, actions):
+            obs, reward, terminated, truncated, _ = self.env.step(actions)
+            return self._td(obs), reward, terminated | truncated, {"time_outs": truncated, "log": {}}
+
+    task = config.load(ReachCfg, CONFIG_DIR / cfg.task)
+    env = ReachEnv(task, cfg.run.num_envs, seed=env_seed, check_actions=False)
+    env.sim.compile()
+    p, pol = cfg.ppo, cfg.policy
+    model = {"class_name": "MLPModel", "activation": pol.activation, "obs_normalization": True}
+    train_cfg = {
+        "num_steps_per_env": p.num_steps, "save_interval": 10**9, "check_for_nan": False,
+        "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
+        "algorithm": {"class_name": "PPO", "num_learning_epochs": p.epochs, "num_mini_batches": p.minibatches,
+                      "clip_param": p.clip, "gamma": p.gamma, "lam": p.lam, "value_loss_coef": p.value_coef,
+                      "entropy_coef": p.entropy_coef, "learning_rate": p.learning_rate,
+                      "max_grad_norm": p.max_grad_norm, "use_clipped_value_loss": p.value_clip > 0,
+                      "schedule": p.schedule, "desired_kl": p.desired_kl, "use_mixed_precision": mixed_precision},
+        "actor": {**model, "hidden_dims": list(pol.actor_hidden),
+                  "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": pol.init_std,
+                                       "std_type": "scalar"}},
+        "critic": {**model, "hidden_dims": list(pol.critic_hidden)},
+    }
+    runner = OnPolicyRunner(Adapter(env), train_cfg, log_dir=None, device="cpu")
+    timings: list[tuple[float, float]] = []
+    log = runner.logger.log
+
+    def record(*args, **kw):
+        timings.append((kw["collect_time"], kw["learn_time"]))
+        return log(*args, **kw)
+    runner.logger.log = record
+    env.stagger(p.num_steps)
+    return runner, env, timings
+
+
+# -------------------------------------------------------------------- helpers
+def rates(timings: list[tuple[float, float]], steps: int) -> dict:
+    c = statistics.median(t[0] for t in timings)
+    u = statistics.median(t[1] for t in timings)
+    return {"collection_steps_per_s": steps / c, "update_steps_per_s": steps / u, "total_steps_per_s": steps / (c + u),
+            "collection_s": c, "update_s": u, "iterations_timed": len(timings)}
+
+
+def quiet(fn, *a, **k):
+    """rsl_rl prints a report every iteration; keep stdout for our JSON."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return fn(*a, **k)
+
+
+def throughput(cfg: TrainCfg, rounds: int, iterations: int, warmup: int) -> dict:
+    steps = cfg.ppo.num_steps * cfg.run.num_envs
+    tmp = Path(tempfile.mkdtemp(prefix="ppo_bench_"))
+    cfg.run.iterations, cfg.run.eval_targets, cfg.run.save_every = warmup, 0, 10**9
+    t0 = time.time()
+    ours = Runner(cfg, tmp / "ours", progress=False)
+    print(f"ours: set-up {time.time() - t0:.0f} s (precision {'bf16' if ours.ppo.bf16 else 'fp32'})",
+          file=sys.stderr)
+    our_timings: list[tuple[float, float]] = []
+
+    def run_ours(n: int) -> None:
+        cfg.run.iterations += n
+        ours.learn()
+        rows = [json.loads(x) for x in (tmp / "ours" / "metrics.jsonl").read_text().splitlines()]
+        our_timings.extend((x["perf/collection_s"], x["perf/update_s"]) for x in rows[-n:])
+
+    sides = {"ours": (lambda n: run_ours(n), our_timings)}
+    # rsl_rl as it ships (fp32), and with its own bf16 autocast of the update switched on.
+    for name, mixed in (("rsl_rl", False), ("rsl_rl_bf16", True)):
+        t0 = time.time()
+        runner, _, timings = quiet(rsl_rl_runner, cfg, cfg.run.seed, mixed)
+        sides[name] = (lambda n, r=runner: quiet(r.learn, n), timings)
+        print(f"{name}: set-up {time.time() - t0:.0f} s", file=sys.stderr)
+    cfg.run.iterations = 0
+    for run, timings in sides.values():      # warm-up (compile, caches): not timed
+        run(warmup)
+        timings.clear()
+    for r in range(rounds):
+        for run, _ in sides.values():
+            run(iterations)
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {steps / sum(t[-1]):.0f}" for k, (_, t) in sides.items())
+              + " env-steps/s", file=sys.stderr)
+    out = {k: rates(t, steps) for k, (_, t) in sides.items()}
+    out["precision_ours"] = "bf16" if ours.ppo.bf16 else "fp32"
+    for peer in ("rsl_rl", "rsl_rl_bf16"):
+        out[f"ratio_ours_over_{peer}"] = {k.replace("_steps_per_s", ""): out["ours"][k] / out[peer][k]
+                                          for k in out["ours"] if k.endswith("steps_per_s")}
+    return out
+
+
+def learning(cfg: TrainCfg, seeds: list[int], iterations: int, targets: int) -> dict:
+    out: dict = {"iterations": iterations, "env_steps": iterations * cfg.ppo.num_steps * cfg.run.num_envs,
+                 "ours": {}, "rsl_rl": {}}
+    from tensordict import TensorDict
+
+    for seed in seeds:
+        run = copy.deepcopy(cfg)
+        run.run.seed, run.run.iterations, run.run.eval_targets, run.run.save_every = seed, iterations, 0, 10**9
+        t0 = time.time()
+        ours = Runner(run, Path(tempfile.mkdtemp(prefix="ppo_learn_")), progress=False)
+        ours.learn()
+        with torch.no_grad():
+            res = evaluate(ours.model.eval().act_deterministic, ours.task, targets=targets, progress=False)
+        out["ours"][seed] = {**res, "wall_s": time.time() - t0}
+        print(f"seed {seed}: ours {res['mean_error_m'] * 1000:.1f} mm in {time.time() - t0:.0f} s", file=sys.stderr)
+        torch.manual_seed(seed)
+        t0 = time.time()
+        rsl, env, _ = quiet(rsl_rl_runner, run, seed)
+        quiet(rsl.learn, iterations)
+        policy = rsl.get_inference_policy()
+        n = 64
+
+        def act(obs, policy=policy):
+            return policy(TensorDict({"policy": obs}, batch_size=[obs.shape[0]]))
+        with torch.no_grad():
+            res = evaluate(act, ours.task, targets=targets, num_envs=n, progress=False)
+        out["rsl_rl"][seed] = {**res, "wall_s": time.time() - t0}
+        print(f"seed {seed}: rsl_rl {res['mean_error_m'] * 1000:.1f} mm in {time.time() - t0:.0f} s", file=sys.stderr)
+    for side in ("ours", "rsl_rl"):
+        errs = [r["mean_error_m"] for r in out[side].values()]
+        out[side]["mean_over_seeds_m"] = sum(errs) / len(errs)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", type=Path, default=CONFIG_DIR / "train" / "reach.yaml")
+    ap.add_argument("--envs", type=int, default=None, help="default: the config's num_envs")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=4, help="timed iterations per round and side")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--learn", action="store_true", help="compare final accuracy at equal env steps instead")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--learn-iterations", type=int, default=150)
+    ap.add_argument("--targets", type=int, default=512)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = config.load(TrainCfg, args.config)
+    cfg.run.threads = args.threads
+    if args.envs:
+        cfg.run.num_envs = args.envs
+    import rsl_rl  # noqa: F401 - fail early if the bench extra is missing
+
+    from importlib.metadata import version
+
+    head = {"num_envs": cfg.run.num_envs, "steps_per_env": cfg.ppo.num_steps, "epochs": cfg.ppo.epochs,
+            "minibatches": cfg.ppo.minibatches, "actor": list(cfg.policy.actor_hidden),
+            "critic": list(cfg.policy.critic_hidden), "obs_normalization": True, "threads": args.threads,
+            "device": "cpu", "torch": torch.__version__, "rsl_rl": version("rsl-rl-lib")}
+    if args.learn:
+        result = {**head, **learning(cfg, args.seeds, args.learn_iterations, args.targets)}
+    else:
+        result = {**head, **throughput(cfg, args.rounds, args.iterations, args.warmup)}
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
