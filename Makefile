@@ -24,9 +24,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Main job: train a reach policy with PPO on the embedded sim (configs/train/reach.yaml),
-# then evaluate it deterministically on fresh targets (runs/reach/latest/eval.json).
+# export it to ONNX, and evaluate the exported file on fresh targets through the runtime
+# the robot uses (runs/reach/latest/: checkpoints, curves, policy.onnx, eval_onnx.json).
+RUN := runs/reach/latest
 main: setup
 	$(VENV)/bin/soarm train
+	$(VENV)/bin/soarm export $(RUN) -o $(RUN)/policy.onnx
+	$(VENV)/bin/soarm evaluate $(RUN)/policy.onnx --targets 512 --out $(RUN)/eval_onnx.json
 
 test: setup
 	$(PY) -m pytest -q
@@ -34,6 +38,7 @@ test: setup
 bench: setup
 	$(PY) benchmarks/env_throughput.py
 	$(PY) benchmarks/ppo_vs_rsl_rl.py
+	$(PY) benchmarks/policy_latency.py
 
 servo-fit: setup
 	$(VENV)/bin/soarm servo-fit

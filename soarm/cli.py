@@ -1,7 +1,8 @@
 """`soarm`: the project's one command line.
 
     soarm train        train a reach policy with PPO on the embedded sim
-    soarm evaluate     run a reach policy (checkpoint or scripted) in the embedded sim, print and save its accuracy
+    soarm export       checkpoint -> self-describing ONNX policy (verified against torch)
+    soarm evaluate     accuracy of a reach policy (ONNX, checkpoint or scripted) in the embedded sim
     soarm servo-fit    fit the servo model and the PD baseline on real bench logs
     soarm servo-check  compare both fitted models on (new) bench logs
 """
@@ -62,6 +63,17 @@ def _evaluate(args) -> int:
         cfg = config.load(ReachCfg, args.task or CONFIG_DIR / "task" / "reach.yaml")
         policy = ScriptedReach(ArmDynamics(load_robot()), cfg.action_scale, cfg.action_clip)
         name = "the scripted controller"
+    elif str(args.policy).endswith(".onnx"):
+        import dataclasses
+
+        from soarm.export.runtime import PolicyRuntime
+
+        policy = PolicyRuntime(args.policy)
+        cfg = config.load(ReachCfg, args.task or CONFIG_DIR / "task" / "reach.yaml")
+        # The file's own contract decides how its actions drive the arm.
+        cfg = dataclasses.replace(cfg, action_scale=policy.scale, action_clip=policy.clip,
+                                  control_hz=policy.control_hz)
+        name = f"{args.policy} (onnxruntime)"
     else:
         from soarm.training import checkpoint
 
@@ -76,6 +88,17 @@ def _evaluate(args) -> int:
     result["policy"] = str(args.policy)
     write_report(result, args.out)
     print(f"{summary(result)}  [{time.time() - t0:.1f} s, report {args.out}]")
+    return 0
+
+
+def _export(args) -> int:
+    from soarm.export.exporter import TOLERANCE, export
+
+    print(f"exporting {args.source} -> {args.out}")
+    r = export(args.source, args.out, verify_count=args.verify)
+    print(f"verified on {r['observations']} observations: max |torch - onnxruntime| = {r['parity_max_abs']:.2e} "
+          f"(tolerance {TOLERANCE:.0e})")
+    print(f"wrote {r['path']} ({r['bytes'] / 1024:.0f} KiB, iteration {r['iteration']} of {r['checkpoint']})")
     return 0
 
 
@@ -121,7 +144,8 @@ def _report(logs, fits, plot) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="soarm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="soarm", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("train", help="train a reach policy with PPO on the embedded sim")
@@ -137,9 +161,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="override a config key, e.g. ppo.epochs=4")
     p.set_defaults(fn=_train)
 
+    p = sub.add_parser("export", help="export a checkpoint to a self-describing ONNX policy")
+    p.add_argument("source", type=Path, help="checkpoint model_N.pt or run directory (its newest checkpoint)")
+    p.add_argument("-o", "--out", type=Path, default=Path("policy.onnx"))
+    p.add_argument("--verify", type=int, default=10_000, help="observations for the torch/onnxruntime check")
+    p.set_defaults(fn=_export)
+
     p = sub.add_parser("evaluate", help="accuracy of a reach policy in the embedded sim")
     p.add_argument("policy", nargs="?", default="scripted",
-                   help="'scripted', a checkpoint model_N.pt or a run directory (default: scripted)")
+                   help="'scripted', an exported .onnx, a checkpoint model_N.pt or a run directory")
     p.add_argument("--task", default=None, type=Path, help="task config (default: the policy's own)")
     p.add_argument("--targets", type=int, default=256)
     p.add_argument("--seed", type=int, default=1234)

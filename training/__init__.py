@@ -1,1 +1,1 @@
-"""Train: the embedded batched simulator, the reach environment and (soon) PPO."""
+"""Train: the embedded reach environment, PPO and its runner, evaluation, servo identification."""

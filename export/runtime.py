@@ -1,0 +1,127 @@
+"""The one policy runtime: an exported ONNX file, its contract checked, run by onnxruntime.
+
+Used by `soarm evaluate policy.onnx` in the embedded sim and by the robot. The observation
+and the action -> goal mapping are soarm/reach.py's own functions, fed with the
+contract's parameters, so there is no second copy of that math.
+
+    rt = PolicyRuntime("policy.onnx")
+    obs = rt.observe(q, q_prev, goal, target, last_action)     # encoder readings in rad
+    action = rt.act(obs)                                        # raises on bad input
+    goal = rt.next_goal(goal, action)                           # then the safety clamps
+
+Anything wrong (missing, truncated or foreign file, no or unsupported contract, wrong
+observation size, NaN) raises PolicyError with one line; no action comes out of it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from soarm import contract
+from soarm.description import RobotDescription, load_robot
+from soarm.dynamics import ArmDynamics
+from soarm.reach import OBS_TERMS, action_to_goal, observe
+
+
+class PolicyError(ValueError):
+    """A policy file or an input the runtime refuses; the message is one line."""
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:160] if text else type(e).__name__
+
+
+class PolicyRuntime:
+    def __init__(self, path: str | Path, robot: RobotDescription | None = None, threads: int = 1):
+        import onnx
+        import onnxruntime as ort
+
+        self.path = path = Path(path)
+        if not path.is_file():
+            raise PolicyError(f"{path}: no such policy file")
+        data = path.read_bytes()
+        try:
+            model = onnx.load_model_from_string(data)
+            onnx.checker.check_model(model)
+        except Exception as e:  # noqa: BLE001 - truncated, not protobuf, invalid graph
+            raise PolicyError(f"{path}: not a valid ONNX model ({_first_line(e)})") from None
+        meta = {p.key: p.value for p in model.metadata_props}
+        if contract.METADATA_KEY not in meta:
+            raise PolicyError(f"{path}: no '{contract.METADATA_KEY}' metadata; export policies with `soarm export`")
+        try:
+            terms = json.loads(meta[contract.METADATA_KEY])
+        except json.JSONDecodeError as e:
+            raise PolicyError(f"{path}: contract metadata is not JSON ({e.msg})") from None
+        self.robot = robot or load_robot()
+        try:
+            self.contract = contract.check(terms, self.robot, str(path))
+        except contract.ContractError as e:
+            raise PolicyError(str(e)) from None
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        try:
+            self.session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001
+            raise PolicyError(f"{path}: onnxruntime cannot load it ({_first_line(e)})") from None
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        self.obs_dim, self.action_dim = self.contract["obs_dim"], self.contract["action"]["dim"]
+        if [i.name for i in inputs] != ["obs"] or inputs[0].shape[-1] != self.obs_dim:
+            raise PolicyError(f"{path}: graph input must be obs[batch, {self.obs_dim}], "
+                              f"got {[(i.name, i.shape) for i in inputs]}")
+        if [o.name for o in outputs] != ["actions"] or outputs[0].shape[-1] != self.action_dim:
+            raise PolicyError(f"{path}: graph output must be actions[batch, {self.action_dim}], "
+                              f"got {[(o.name, o.shape) for o in outputs]}")
+        action = self.contract["action"]
+        self.scale, self.clip, self.control_hz = action["scale"], action["clip"], self.contract["control_hz"]
+        self.dyn = ArmDynamics(self.robot)
+
+    # ------------------------------------------------------------ the contract
+    def observe(self, q, q_prev, goal, target, last_action) -> np.ndarray:
+        """The observation [N, obs_dim] from arm encoder readings now and one tick ago (rad,
+        action order; pass q as q_prev on the first tick), the goal commanded now, the
+        target (m, base frame) and the previous action."""
+        t = [torch.as_tensor(np.atleast_2d(x), dtype=torch.float32) for x in (q, q_prev, goal, target, last_action)]
+        return observe(self.dyn, *t[:3], t[3], t[4], self.control_hz).numpy()
+
+    def act(self, obs) -> np.ndarray:
+        """Actions [N, action_dim] for observations [N, obs_dim] (or one [obs_dim])."""
+        obs = np.asarray(obs, dtype=np.float32)
+        if obs.ndim == 1:
+            obs = obs[None]
+        if obs.ndim != 2 or obs.shape[1] != self.obs_dim:
+            raise PolicyError(f"{self.path}: observation shape {tuple(obs.shape)}, the contract says "
+                              f"[batch, {self.obs_dim}]")
+        bad = ~np.isfinite(obs)
+        if bad.any():
+            raise PolicyError(f"{self.path}: observation contains NaN or inf in {', '.join(_terms(bad))}; "
+                              "no action computed")
+        out = self.session.run(["actions"], {"obs": obs})[0]
+        if not np.isfinite(out).all():
+            raise PolicyError(f"{self.path}: the policy produced a non-finite action; refusing to use it")
+        return out
+
+    def next_goal(self, goal, action) -> np.ndarray:
+        """The next arm goal (rad) from the current one and an action, per the contract."""
+        g = torch.as_tensor(np.atleast_2d(goal), dtype=torch.float32)
+        a = torch.as_tensor(np.atleast_2d(action), dtype=torch.float32)
+        return action_to_goal(self.dyn, a, g, self.scale, self.clip).numpy()
+
+    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+        """Torch in, torch out: lets `evaluate` run the shipped file in the embedded sim."""
+        return torch.from_numpy(self.act(obs.detach().cpu().numpy())).to(obs.device)
+
+
+def _terms(bad: np.ndarray) -> list[str]:
+    cols = bad.any(axis=0)
+    names, i = [], 0
+    for name, n, _ in OBS_TERMS:
+        if cols[i:i + n].any():
+            names.append(name)
+        i += n
+    return names

@@ -1,0 +1,96 @@
+"""The deployment contract: what a policy file promises about its inputs and outputs.
+
+Built here from the task config and the robot description (the same objects training
+used), written into the ONNX metadata by the exporter, and checked by the runtime before
+it runs a file. The math itself (observation, action -> goal) lives in soarm/reach.py;
+this module only describes it, so a robot can tell whether it builds the same thing.
+
+Versioned: `SCHEMA` changes whenever a field's meaning changes; a runtime refuses a file
+of another schema.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from soarm.description import RobotDescription
+from soarm.reach import ACTION_DIM, OBS_DIM, OBS_TERMS, ReachCfg
+from soarm.servo import TICK, TICKS_PER_REV
+
+SCHEMA = 1
+METADATA_KEY = "soarm.contract"          # ONNX metadata_props key holding the JSON below
+ACTION_TYPE = "relative_joint_position"
+
+
+class ContractError(ValueError):
+    """A policy whose contract this code does not implement; one line naming the field."""
+
+
+def config_hash(cfg: dict) -> str:
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build(task: ReachCfg, robot: RobotDescription, training: dict) -> dict:
+    idx = robot.arm_index
+    return {
+        "schema": SCHEMA,
+        "task": "reach",
+        "observation": [{"name": n, "size": k, "unit": u} for n, k, u in OBS_TERMS],
+        "obs_dim": OBS_DIM,
+        "joint_names": list(robot.arm_joints),
+        "action": {
+            "type": ACTION_TYPE,
+            "dim": ACTION_DIM,
+            "scale": task.action_scale,                 # rad per control step at action 1
+            "clip": task.action_clip,                   # |action| clipped before scaling
+            "offset": "previous_goal",                  # goal_t = goal_{t-1} + scale * clip(a)
+            "default_joint_positions": [float(x) for x in robot.home],
+        },
+        "joint_limits": {"lower": [float(robot.lower[i]) for i in idx],
+                         "upper": [float(robot.upper[i]) for i in idx]},
+        "gripper": {"joint": robot.gripper_joint, "hold": float(robot.gripper_hold)},
+        "control_hz": task.control_hz,
+        "encoder": {"ticks_per_rev": TICKS_PER_REV, "rad_per_tick": TICK},
+        "velocity_estimate": "(q_t - q_{t-1}) * control_hz from consecutive encoder readings, rad/s; "
+                             "zero on the first tick",
+        "latency": {"steps": 1, "probability": task.randomization.latency_prob,
+                    "note": "trained with this share of episodes applying each goal one control step late"},
+        "normalization": "in graph: (obs - mean) / (sqrt(var) + eps)",
+        "training": training,
+    }
+
+
+def check(contract: dict, robot: RobotDescription, where: str) -> dict:
+    """Raise ContractError unless this code builds exactly the observation and action the
+    contract describes, for this robot."""
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            raise ContractError(f"{where}: unsupported policy contract: {what}")
+
+    need(isinstance(contract, dict), "not a JSON object")
+    need(contract.get("schema") == SCHEMA, f"schema {contract.get('schema')!r}, this runtime reads schema {SCHEMA}")
+    need(contract.get("task") == "reach", f"task {contract.get('task')!r}, expected 'reach'")
+    terms = [(t.get("name"), t.get("size")) for t in contract.get("observation", []) if isinstance(t, dict)]
+    need(terms == [(n, k) for n, k, _ in OBS_TERMS],
+         f"observation terms {terms} differ from this runtime's {[(n, k) for n, k, _ in OBS_TERMS]}")
+    need(contract.get("obs_dim") == OBS_DIM, f"obs_dim {contract.get('obs_dim')!r}, expected {OBS_DIM}")
+    action = contract.get("action", {})
+    need(action.get("type") == ACTION_TYPE, f"action type {action.get('type')!r}, expected {ACTION_TYPE!r}")
+    need(action.get("dim") == ACTION_DIM, f"action dim {action.get('dim')!r}, expected {ACTION_DIM}")
+    for key in ("scale", "clip"):
+        need(isinstance(action.get(key), (int, float)) and action[key] > 0, f"action {key} missing or not positive")
+    need(contract.get("joint_names") == list(robot.arm_joints),
+         f"joints {contract.get('joint_names')} differ from the robot's {list(robot.arm_joints)}")
+    limits = contract.get("joint_limits", {})
+    idx = robot.arm_index
+    for side, ours in (("lower", robot.lower[idx]), ("upper", robot.upper[idx])):
+        theirs = limits.get(side)
+        need(isinstance(theirs, list) and len(theirs) == len(ours)
+             and all(abs(a - b) < 1e-6 for a, b in zip(theirs, ours)),
+             f"joint_limits.{side} {theirs} differ from the robot description's {list(map(float, ours))}")
+    hz = contract.get("control_hz")
+    need(isinstance(hz, (int, float)) and 1 <= hz <= 1000, f"control_hz {hz!r}")
+    enc = contract.get("encoder", {})
+    need(enc.get("ticks_per_rev") == TICKS_PER_REV, f"encoder ticks_per_rev {enc.get('ticks_per_rev')!r}")
+    return contract

@@ -1,0 +1,147 @@
+"""ONNX export and the policy runtime: parity, the contract in the metadata, one observation
+code path, evaluation of the shipped file, and refusal of bad files and bad input."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from soarm import cli, contract
+from soarm.export.exporter import export
+from soarm.export.runtime import PolicyError, PolicyRuntime
+from soarm.reach import OBS_DIM, OBS_TERMS
+from soarm.training import checkpoint
+from soarm.training.env import ReachEnv
+from soarm.training.evaluate import evaluate
+from soarm.training.runner import Runner
+
+from test_runner import tiny_cfg
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    Runner(tiny_cfg(2), root / "run", progress=False).learn()
+    result = export(root / "run", root / "policy.onnx", verify_count=2000)
+    return root, result
+
+
+def test_parity_and_single_file(exported):
+    root, result = exported
+    assert result["parity_max_abs"] < 1e-5 and result["observations"] == 2000
+    assert [p.name for p in root.iterdir() if p.is_file()] == ["policy.onnx"]      # no external .data
+    model = onnx.load(root / "policy.onnx")
+    assert model.opset_import[0].version >= 17
+    assert all(not t.external_data for t in model.graph.initializer)
+    (inp,), (out,) = model.graph.input, model.graph.output
+    assert inp.name == "obs" and out.name == "actions"
+    assert inp.type.tensor_type.shape.dim[0].dim_param                               # dynamic batch
+    assert inp.type.tensor_type.shape.dim[1].dim_value == OBS_DIM
+
+
+def test_contract_in_metadata(exported, robot):
+    root, _ = exported
+    meta = {p.key: p.value for p in onnx.load(root / "policy.onnx").metadata_props}
+    c = json.loads(meta[contract.METADATA_KEY])
+    assert c["schema"] == contract.SCHEMA
+    assert [(t["name"], t["size"], t["unit"]) for t in c["observation"]] == list(OBS_TERMS)
+    assert c["joint_names"] == list(robot.arm_joints)
+    assert c["action"]["default_joint_positions"] == pytest.approx(list(robot.home))
+    assert c["control_hz"] == 30.0 and c["encoder"]["ticks_per_rev"] == 4096
+    assert len(c["training"]["config_hash"]) == 16 and c["training"]["iteration"] == 2
+    for key in ("velocity_estimate", "latency", "joint_limits", "task"):
+        assert key in c
+
+
+def test_runtime_matches_torch_for_any_batch(exported):
+    root, _ = exported
+    rt = PolicyRuntime(root / "policy.onnx")
+    model = checkpoint.build_model(checkpoint.load(root / "run"))
+    obs = torch.randn(7, OBS_DIM) * 0.1
+    with torch.no_grad():
+        want = model.act_deterministic(obs).numpy()
+    np.testing.assert_allclose(rt.act(obs.numpy()), want, atol=1e-5)
+    np.testing.assert_allclose(rt.act(obs[0].numpy()), want[:1], atol=1e-5)
+
+
+def test_runtime_builds_the_same_observation_as_the_sim(exported, task_cfg):
+    root, _ = exported
+    rt = PolicyRuntime(root / "policy.onnx")
+    env = ReachEnv(task_cfg, 8, seed=3)
+    env.step(torch.rand(8, 5) - 0.5)
+    before = env.prev_meas.clone()              # the reading one tick ago
+    env.step(torch.rand(8, 5) - 0.5)
+    q = env.sim.measured()[:, env.arm]
+    obs = rt.observe(q.numpy(), before.numpy(), env.goal.numpy(), env.target.numpy(), env.action.numpy())
+    np.testing.assert_array_equal(obs, env.obs.numpy())
+    a = rt.act(obs)
+    want = torch.clamp(env.goal + task_cfg.action_scale * torch.clamp(torch.from_numpy(a), -1, 1),
+                       torch.tensor(env.robot.lower[env.robot.arm_index], dtype=torch.float32),
+                       torch.tensor(env.robot.upper[env.robot.arm_index], dtype=torch.float32))
+    np.testing.assert_allclose(rt.next_goal(env.goal.numpy(), a), want.numpy(), atol=1e-7)
+
+
+def test_evaluating_the_file_equals_evaluating_the_checkpoint(exported):
+    root, _ = exported
+    state = checkpoint.load(root / "run")
+    task, model = checkpoint.task_cfg(state), checkpoint.build_model(state)
+    with torch.no_grad():
+        a = evaluate(model.act_deterministic, task, targets=32, num_envs=16, progress=False)
+        b = evaluate(PolicyRuntime(root / "policy.onnx"), task, targets=32, num_envs=16, progress=False)
+    for key in ("mean_error_m", "median_error_m", "p95_error_m"):
+        assert abs(a[key] - b[key]) < 1e-4, (key, a[key], b[key])
+
+
+def _with_contract(src, dst, edit):
+    model = onnx.load(src)
+    meta = {p.key: p.value for p in model.metadata_props}
+    del model.metadata_props[:]
+    c = json.loads(meta[contract.METADATA_KEY])
+    edit(c)
+    model.metadata_props.add(key=contract.METADATA_KEY, value=json.dumps(c))
+    onnx.save(model, dst)
+
+
+def _bad_files(root, tmp):
+    good = root / "policy.onnx"
+    (tmp / "truncated.onnx").write_bytes(good.read_bytes()[:500])
+    (tmp / "text.onnx").write_text("this is not a model\n")
+    plain = onnx.load(good)
+    del plain.metadata_props[:]
+    onnx.save(plain, tmp / "plain.onnx")
+    _with_contract(good, tmp / "schema9.onnx", lambda c: c.update(schema=9))
+    _with_contract(good, tmp / "obs.onnx", lambda c: c["observation"].pop())
+    _with_contract(good, tmp / "joints.onnx", lambda c: c["joint_names"].reverse())
+    return {"missing.onnx": "no such policy file", "truncated.onnx": "not a valid ONNX model",
+            "text.onnx": "not a valid ONNX model", "plain.onnx": "soarm export", "schema9.onnx": "schema 9",
+            "obs.onnx": "observation terms", "joints.onnx": "joints"}
+
+
+def test_bad_files_are_refused_with_one_line(exported, tmp_path):
+    root, _ = exported
+    for name, words in _bad_files(root, tmp_path).items():
+        with pytest.raises(PolicyError) as e:
+            PolicyRuntime(tmp_path / name)
+        msg = str(e.value)
+        assert "\n" not in msg and name in msg and words in msg, msg
+
+
+def test_bad_observations_never_give_an_action(exported):
+    root, _ = exported
+    rt = PolicyRuntime(root / "policy.onnx")
+    with pytest.raises(PolicyError, match="observation shape"):
+        rt.act(np.zeros((1, OBS_DIM - 1)))
+    obs = np.zeros((2, OBS_DIM), dtype=np.float32)
+    obs[1, 12] = np.nan                       # inside joint_goal (columns 10..14)
+    with pytest.raises(PolicyError, match="NaN or inf in joint_goal"):
+        rt.act(obs)
+
+
+def test_cli_evaluate_refuses_a_bad_file(tmp_path, capsys):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"\x00\x01garbage")
+    assert cli.main(["evaluate", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "broken.onnx" in err
