@@ -106,6 +106,12 @@ def mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def _run(net: nn.Sequential, x: torch.Tensor, bf16: bool) -> torch.Tensor:
+    with torch.autocast(x.device.type, torch.bfloat16, enabled=bf16):
+        hidden = net[:-1](x)
+    return net[-1](hidden.float())
+
+
 class ActorCritic(nn.Module):
     """Separate actor and critic MLPs behind one observation normalizer."""
 
@@ -120,13 +126,15 @@ class ActorCritic(nn.Module):
     def actor_parameters(self) -> list[nn.Parameter]:
         return [*self.actor.parameters(), self.log_std]
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(action mean [B, A], value [B]) of raw observations."""
+    def forward(self, obs: torch.Tensor, bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(action mean [B, A], value [B]) of raw observations. With `bf16` the hidden layers
+        run in bfloat16; the output layers stay fp32, since a value of ~100 in bfloat16
+        is only good to 0.5, which drowns the per-step rewards in the advantages."""
         x = self.normalizer(obs)
-        return self.actor(x), self.critic(x).squeeze(-1)
+        return _run(self.actor, x, bf16), _run(self.critic, x, bf16).squeeze(-1)
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.normalizer(obs)).squeeze(-1)
+    def value(self, obs: torch.Tensor, bf16: bool = False) -> torch.Tensor:
+        return _run(self.critic, self.normalizer(obs), bf16).squeeze(-1)
 
     def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
         """The deployed policy: the mean action."""

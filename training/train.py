@@ -85,4 +85,6 @@ def train(config_path: Path, overrides: dict[str, Any], resume_path: Path | None
             write_report(result, run_dir / "eval.json")
             print(f"evaluate: {summary(result)}  [report {run_dir / 'eval.json'}]")
             out["eval"] = result
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return out
