@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -117,20 +116,15 @@ def test_evaluate_a_checkpoint_from_the_cli(tmp_path, capsys):
     assert {"mean_error_m", "median_error_m", "p95_error_m", "success_5mm"} <= set(result)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_distributed_training_on_gloo(tmp_path):
     """torchrun, 2 processes on CPU: identical weights on both ranks, merged normalizer,
     checkpoints from rank 0 only."""
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", str(Path(__file__).parent / "distributed_worker.py"), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # --standalone: torchrun picks a free port itself, so parallel runs cannot collide.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(Path(__file__).parent / "distributed_worker.py"), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert torch.equal(ranks[0]["params"], ranks[1]["params"])
     assert torch.equal(ranks[0]["norm_mean"], ranks[1]["norm_mean"])
