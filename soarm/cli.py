@@ -3,6 +3,7 @@
     soarm train        train a reach policy with PPO on the embedded sim
     soarm export       checkpoint -> self-describing ONNX policy (verified against torch)
     soarm evaluate     accuracy of a reach policy (ONNX, checkpoint or scripted) in the embedded sim
+    soarm emulate      a simulated SO-101 servo bus on a pseudo-terminal, for the Feetech SDK
     soarm servo-fit    fit the servo model and the PD baseline on real bench logs
     soarm servo-check  compare both fitted models on (new) bench logs
 """
@@ -102,6 +103,22 @@ def _export(args) -> int:
     return 0
 
 
+def _emulate(args) -> int:
+    from soarm.robot.emulator import FaultCfg, ServoBusEmulator
+
+    faults = FaultCfg(drop=args.drop, late=args.late, corrupt=args.corrupt, error_bits=args.error_bits,
+                      silent_ids=tuple(args.silent), seed=args.seed)
+    with ServoBusEmulator(faults=faults, seed=args.seed) as emu:
+        print(f"SO-101 servo bus (ids 1-6, STS3215, 1 Mbaud) on {emu.port}; Ctrl-C to stop", flush=True)
+        try:
+            while True:
+                time.sleep(5)
+                print(f"  {emu.counters}", flush=True)
+        except KeyboardInterrupt:
+            print(f"stopped; {emu.counters}")
+    return 0
+
+
 def _servo_fit(args) -> int:
     from soarm.training import servo_id
 
@@ -176,6 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "eval.json")
     p.set_defaults(fn=_evaluate)
+
+    p = sub.add_parser("emulate", help="a simulated SO-101 servo bus on a pseudo-terminal")
+    p.add_argument("--seed", type=int, default=0, help="assembly offsets and fault draws")
+    p.add_argument("--drop", type=float, default=0.0, help="probability of a dropped reply")
+    p.add_argument("--late", type=float, default=0.0, help="probability of a reply after the SDK timeout")
+    p.add_argument("--corrupt", type=float, default=0.0, help="probability of a bad checksum")
+    p.add_argument("--error-bits", type=lambda x: int(x, 0), default=0, help="e.g. 0x20 (overload)")
+    p.add_argument("--silent", type=int, nargs="*", default=[], help="servo ids that never answer")
+    p.set_defaults(fn=_emulate)
 
     p = sub.add_parser("servo-fit", help="fit the servo model and a PD baseline on bench logs")
     p.add_argument("logs", nargs="*", type=Path, default=DEFAULT_LOGS)

@@ -42,6 +42,7 @@ class ArmSim:
         self.qd = torch.zeros(num_envs, J, **kw)
         self.goal = torch.zeros(num_envs, J, **kw)
         self.firmware = ServoState(self.q)
+        self.enabled = torch.ones(num_envs, J, dtype=torch.bool, device=self.dyn.device)   # torque on
         self.armature = torch.eye(J, **kw) * servo.armature
         ones = torch.ones(num_envs, J, **kw)
         self.physics = Physics(ones.clone(), ones.clone(), ones * servo.friction_coulomb,
@@ -96,7 +97,7 @@ class ArmSim:
         ph = self.physics
         params = dataclasses.replace(self.servo, friction_viscous=ph.viscous, friction_coulomb=ph.coulomb)
         tau, coulomb = servo_torque(self.firmware, self.goal, self.measured(), self.qd, params,
-                                    self.registers, self.dt, gain_scale=ph.gain_scale)
+                                    self.registers, self.dt, gain_scale=ph.gain_scale, enabled=self.enabled)
         M, bias = self.dyn.mass_and_bias(self.q, self.qd, ph.mass_scale)
         q, qd = integrate(self.q, self.qd, M + self.armature, tau - bias, coulomb, self.dt)
         # Hard stops at the joint limits: the joint stops there.

@@ -1,0 +1,202 @@
+"""The Feetech bus driver: a thin layer over the real `scservo_sdk`, driven by the control table.
+
+All bus I/O happens on the thread that calls these methods: the SDK is not thread-safe.
+What the SDK gets wrong, handled here:
+- a reply that arrives after the timeout is read as the answer to the next request, so
+  after any failure the input buffer is flushed and the port's `is_using` flag reset;
+- `GroupSyncRead.getData` returns 0 for a servo that did not answer, so every value is
+  checked with `isAvailable` first, and a tick with any missing servo fails as a whole;
+- `GroupSyncRead` drops each servo's error byte, so `read_status` polls Status,
+  temperature and load with plain reads (the control loop does it every few ticks).
+
+Every error is a BusError with one line naming the port and the servo.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from dataclasses import dataclass
+
+from soarm.robot import control_table as ct
+
+BAUD = 1_000_000
+
+
+class BusError(RuntimeError):
+    """The bus or a servo failed; one line naming the port and the servo."""
+
+
+@dataclass(frozen=True)
+class ServoStatus:
+    error_bits: int
+    temperature: int            # deg C
+    load: int                   # per mille of max torque, signed
+    voltage: float              # V
+
+
+class FeetechBus:
+    def __init__(self, port: str, ids: dict[str, int], baud: int = BAUD):
+        self.port_name, self.ids, self.baud = port, dict(ids), baud
+        self.names = {sid: name for name, sid in self.ids.items()}
+        self.port = self.packets = None
+        self._reads: dict[tuple[int, int], object] = {}
+
+    # ------------------------------------------------------------- connect
+    def connect(self) -> None:
+        """Open the port, ping every servo, check its model. No motion, torque untouched."""
+        import scservo_sdk as scs
+
+        if not os.path.exists(self.port_name):
+            raise BusError(f"{self.port_name}: no such serial port (is the servo adapter plugged in?)")
+        if not os.access(self.port_name, os.R_OK | os.W_OK):
+            raise BusError(f"{self.port_name}: permission denied (add your user to the 'dialout' group)")
+        self.port, self.packets = scs.PortHandler(self.port_name), scs.PacketHandler(0)
+        try:
+            self.port.baudrate = self.baud
+            if not self.port.openPort():
+                raise BusError(f"{self.port_name}: unsupported baud rate {self.baud}")
+        except OSError as e:
+            raise BusError(f"{self.port_name}: cannot open ({os.strerror(e.errno or errno.EIO)})") from None
+        except Exception as e:  # noqa: BLE001 - pyserial's SerialException and friends
+            raise BusError(f"{self.port_name}: cannot open ({str(e).splitlines()[0]})") from None
+        for name, sid in self.ids.items():
+            model = self._ping(sid)
+            if model != ct.MODEL_STS3215:
+                raise BusError(f"{self.port_name}: servo {sid} ({name}) is model {model}, "
+                               f"expected STS3215 ({ct.MODEL_STS3215})")
+
+    def close(self) -> None:
+        if self.port is not None and self.port.is_open:
+            try:
+                self.port.closePort()
+            except Exception:  # noqa: BLE001 - closing an unplugged port
+                pass
+
+    def _ping(self, sid: int, tries: int = 5) -> int:
+        for k in range(tries):
+            out, ok = self._call(self.packets.ping, self.port, sid)
+            if ok:
+                return out[0]
+            time.sleep(0.02 * (k + 1))          # a servo still booting, or a busy host
+        raise BusError(f"{self.port_name}: servo {sid} ({self.names[sid]}) does not answer "
+                       f"(wrong id, wrong baud rate or not powered?)")
+
+    # ----------------------------------------------------------- registers
+    def read(self, register: str, sid: int, tries: int = 3) -> int:
+        reg = ct.STS3215[register]
+        for _ in range(tries):
+            out, ok = self._call(self.packets.readTxRx, self.port, sid, reg.address, reg.size)
+            if ok and len(out[0]) == reg.size:
+                return ct.from_bytes(reg, out[0])
+        raise BusError(f"{self.port_name}: reading {register} from servo {sid} ({self.names[sid]}) failed")
+
+    def write(self, register: str, sid: int, value: int, tries: int = 3) -> None:
+        reg = ct.STS3215[register]
+        data = ct.to_bytes(reg, value)
+        for _ in range(tries):
+            if self._call(self.packets.writeTxRx, self.port, sid, reg.address, reg.size, data)[1]:
+                return
+        raise BusError(f"{self.port_name}: writing {register} to servo {sid} ({self.names[sid]}) failed")
+
+    def sync_read(self, register: str, ids: list[int] | None = None, tries: int = 1) -> dict[int, int]:
+        """SYNC_READ; every servo must answer, or BusError. In the control loop one try: a
+        tick without a fresh reading is the watchdog's business, not a reason to wait."""
+        import scservo_sdk as scs
+
+        reg = ct.STS3215[register]
+        ids = list(self.ids.values()) if ids is None else ids
+        key = (reg.address, reg.size)
+        group = self._reads.get(key)
+        if group is None:
+            group = self._reads[key] = scs.GroupSyncRead(self.port, self.packets, reg.address, reg.size)
+        group.clearParam()
+        for sid in ids:
+            group.addParam(sid)
+        for _ in range(tries):
+            ok = self._call(group.txRxPacket)[1]
+            missing = [sid for sid in ids if not group.isAvailable(sid, reg.address, reg.size)]
+            if ok and not missing:
+                return {sid: ct.decode(reg, group.getData(sid, reg.address, reg.size)) for sid in ids}
+        who = ", ".join(f"{s} ({self.names[s]})" for s in missing) or "?"
+        raise BusError(f"{self.port_name}: sync read of {register} failed; no reply from {who}")
+
+    def sync_write(self, register: str, values: dict[int, int]) -> None:
+        """One SYNC_WRITE (no replies on the bus by design)."""
+        import scservo_sdk as scs
+
+        reg = ct.STS3215[register]
+        group = scs.GroupSyncWrite(self.port, self.packets, reg.address, reg.size)
+        for sid, value in values.items():
+            group.addParam(sid, ct.to_bytes(reg, value))
+        if not self._call(group.txPacket)[1]:
+            raise BusError(f"{self.port_name}: sync write of {register} failed")
+
+    def read_status(self, sid: int) -> ServoStatus:
+        """What SYNC_READ hides: the error bits, temperature, load and voltage of one servo."""
+        return ServoStatus(self.read("Status", sid), self.read("Present_Temperature", sid),
+                           self.read("Present_Load", sid), self.read("Present_Voltage", sid) / 10.0)
+
+    # -------------------------------------------------------------- torque
+    def enable_torque(self) -> dict[int, int]:
+        """Goal := Present on every servo, then torque on, so nothing jumps to a stale goal.
+        Returns the positions it held."""
+        present = self.sync_read("Present_Position", tries=3)
+        for sid, pos in present.items():
+            self.write("Goal_Position", sid, pos)
+        for sid in present:
+            self.write("Torque_Enable", sid, 1)
+        return present
+
+    def torque_off(self, tries: int = 5) -> bool:
+        """Torque off on every servo, retried; never raises (it is what faults end in).
+        True when every servo acknowledged."""
+        if self.port is None:
+            return False
+        ok = True
+        for sid in self.ids.values():
+            for _ in range(tries):
+                try:
+                    done = self._call(self.packets.write1ByteTxRx, self.port, sid,
+                                      ct.STS3215["Torque_Enable"].address, 0)[1]
+                except BusError:
+                    done = False
+                if done:
+                    break
+            else:
+                ok = False
+        return ok
+
+    # ------------------------------------------------------------ plumbing
+    def _call(self, fn, *args) -> tuple[object, bool]:
+        """One SDK transaction on a clean input buffer: (what the SDK returned, success).
+        A failed or garbled transaction resets the port; a dead port raises BusError."""
+        import serial
+
+        try:
+            # A late reply to an earlier request must not pass for this request's answer.
+            self.port.ser.reset_input_buffer()
+            out = fn(*args)
+        except (OSError, serial.SerialException) as e:        # unplugged adapter
+            self._recover()
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise BusError(f"{self.port_name}: port failed ({why})") from None
+        except (IndexError, TypeError, ValueError):
+            # The SDK indexes replies without checking their length: a stale or short
+            # reply taken for this one. A failed transaction, not a dead bus.
+            self._recover()
+            return None, False
+        # SDK shapes: int, (result, error) or (value, result, error).
+        result = out if isinstance(out, int) else out[1] if len(out) == 3 else out[0]
+        if result != 0:
+            self._recover()
+        return out, result == 0
+
+    def _recover(self) -> None:
+        # A late reply still in the buffer would be taken as the answer to the next request.
+        try:
+            self.port.ser.reset_input_buffer()
+        except Exception:  # noqa: BLE001 - the port may be gone
+            pass
+        self.port.is_using = False

@@ -1,0 +1,112 @@
+"""The bus driver on the real Feetech SDK, over a real pseudo-terminal, against our emulator."""
+
+import time
+
+import pytest
+
+from soarm.robot import control_table as ct
+from soarm.robot.bus import BusError, FeetechBus
+from soarm.robot.emulator import FaultCfg, ServoBusEmulator
+
+IDS = {"shoulder_pan": 1, "shoulder_lift": 2, "elbow_flex": 3, "wrist_flex": 4, "wrist_roll": 5, "gripper": 6}
+
+
+@pytest.fixture
+def emu():
+    with ServoBusEmulator() as e:
+        yield e
+
+
+def connect(port, ids=IDS):
+    bus = FeetechBus(port, ids)
+    bus.connect()
+    return bus
+
+
+def test_sign_magnitude_round_trip():
+    reg = ct.STS3215["Homing_Offset"]
+    for v in (0, 1, -1, 2047, -2047):
+        assert ct.from_bytes(reg, ct.to_bytes(reg, v)) == v
+    assert ct.to_bytes(reg, -5) == [5, 0x08]                 # sign in bit 11
+    with pytest.raises(ValueError):
+        ct.to_bytes(ct.STS3215["Torque_Enable"], 300)
+
+
+def test_connect_and_read_present_positions(emu):
+    bus = connect(emu.port)
+    bus.enable_torque()                          # hold still, so the readings can be compared
+    time.sleep(0.2)
+    pos = bus.sync_read("Present_Position")
+    assert list(pos) == list(IDS.values())
+    for sid, p in pos.items():
+        assert abs(p - emu.raw_position(sid)) <= 2           # homing offset 0: the raw reading
+    assert bus.read("Model_Number", 3) == ct.MODEL_STS3215
+    bus.close()
+
+
+def test_homing_offset_and_eeprom_lock(emu):
+    bus = connect(emu.port)
+    raw = emu.raw_position(4)
+    bus.write("Homing_Offset", 4, 100)                       # locked: ignored
+    assert bus.read("Homing_Offset", 4) == 0
+    bus.write("Lock", 4, 0)
+    bus.write("Homing_Offset", 4, -100)
+    bus.write("Lock", 4, 1)
+    assert bus.read("Homing_Offset", 4) == -100
+    assert bus.read("Present_Position", 4) == (emu.raw_position(4) + 100) % 4096
+    assert abs(emu.raw_position(4) - raw) < 5                # nothing moved (torque off, at rest)
+
+
+def test_torque_on_holds_then_follows_goals_within_limits(emu):
+    bus = connect(emu.port)
+    held = bus.enable_torque()
+    time.sleep(0.3)
+    now = bus.sync_read("Present_Position")
+    assert all(abs(now[s] - held[s]) < 25 for s in held), (held, now)   # held, no jump
+    bus.write("Lock", 3, 0)
+    bus.write("Max_Position_Limit", 3, held[3] + 200)
+    bus.write("Lock", 3, 1)
+    bus.sync_write("Goal_Position", {3: held[3] + 1000})                  # beyond the limit
+    time.sleep(1.0)
+    assert abs(bus.read("Present_Position", 3) - (held[3] + 200)) < 30
+    assert bus.torque_off()
+
+
+def test_missing_servo_and_wrong_model_are_one_line_errors(tmp_path):
+    with ServoBusEmulator(faults=FaultCfg(silent_ids=(3,))) as e:
+        with pytest.raises(BusError, match=r"servo 3 \(elbow_flex\) does not answer"):
+            connect(e.port)
+    with ServoBusEmulator() as e:
+        e.servos[5].set("Model_Number", 1020)
+        with pytest.raises(BusError, match="servo 5 .* is model 1020"):
+            connect(e.port)
+    with pytest.raises(BusError, match="no such serial port"):
+        connect(str(tmp_path / "ttyUSB9"))
+
+
+def test_faulty_replies_fail_a_tick_and_the_next_one_is_clean():
+    with ServoBusEmulator() as e:
+        bus = connect(e.port)
+        bus.enable_torque()                      # holding still: every good reading is known
+        time.sleep(0.2)
+        e.faults = FaultCfg(drop=0.05, late=0.05, corrupt=0.05, seed=3)
+        ok = failed = 0
+        for _ in range(200):
+            try:
+                pos = bus.sync_read("Present_Position")
+            except BusError:
+                failed += 1
+                continue
+            ok += 1
+            # Never a zero for a missing servo, never another servo's reply.
+            assert all(abs(pos[s] - e.raw_position(s)) < 10 for s in pos), (pos, e.counters)
+        assert failed > 0 and ok > 50, (ok, failed, e.counters)
+
+
+def test_unplugged_port_raises_and_torque_off_does_not(emu):
+    bus = connect(emu.port)
+    emu.unplug()
+    with pytest.raises(BusError):
+        for _ in range(3):
+            bus.sync_read("Present_Position")
+    assert bus.torque_off(tries=2) is False
