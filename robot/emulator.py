@@ -159,6 +159,12 @@ class ServoBusEmulator:
             pass
 
     # ------------------------------------------------------------ state
+    def place(self, q: list[float]) -> None:
+        """Move the arm by hand to joint angles q (rad), at rest (torque-off servos follow)."""
+        with self._lock:
+            qt = torch.tensor([q], dtype=torch.float32)
+            self.sim.q, self.sim.qd = qt, torch.zeros_like(qt)
+
     def joint_positions(self) -> list[float]:
         """True joint angles (rad), for tests and benchmarks."""
         with self._lock:

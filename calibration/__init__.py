@@ -1,0 +1,1 @@
+"""LeRobot-compatible SO-101 calibration and the ticks <-> joint radians mapping."""

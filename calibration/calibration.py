@@ -1,0 +1,152 @@
+"""SO-101 calibration in LeRobot's format, and the one mapping between encoder ticks and the
+joint radians of configs/robot/so101.urdf.
+
+A calibration file is LeRobot's JSON, so existing LeRobot calibrations load as they are:
+    {"shoulder_pan": {"id": 1, "drive_mode": 0, "homing_offset": -1470,
+                      "range_min": 758, "range_max": 3292}, ...}
+`homing_offset` is what the servo's Homing_Offset register holds: Present_Position =
+raw - homing_offset (mod 4096). LeRobot's half-turn homing makes the middle pose read 2047.
+
+The mapping (our decision, documented in the README): a joint's zero in our robot
+description is its calibrated middle, 2047 ticks; `drive_mode` 1 flips the direction.
+    q = sign * (ticks - 2047) * 2 pi / 4096
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from soarm.config import ConfigError
+
+MIDDLE = 2047
+TICKS = 4096
+TICK = 2 * math.pi / TICKS
+FIELDS = ("id", "drive_mode", "homing_offset", "range_min", "range_max")
+
+
+@dataclass(frozen=True)
+class MotorCalibration:
+    id: int
+    drive_mode: int          # 0: ticks grow with the joint angle; 1: reversed
+    homing_offset: int       # Homing_Offset register value
+    range_min: int           # calibrated range, in Present_Position ticks
+    range_max: int
+
+    @property
+    def sign(self) -> int:
+        return -1 if self.drive_mode else 1
+
+
+def ticks_to_rad(cal: MotorCalibration, ticks: float) -> float:
+    return cal.sign * (ticks - MIDDLE) * TICK
+
+
+def rad_to_ticks(cal: MotorCalibration, rad: float) -> int:
+    return round(MIDDLE + cal.sign * rad / TICK)
+
+
+def load(path: str | Path, motors: list[str] | None = None) -> dict[str, MotorCalibration]:
+    """Read and validate a LeRobot calibration file; one-line ConfigError otherwise."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read calibration ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: malformed calibration JSON (line {e.lineno}: {e.msg})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: calibration must map motor names to their entries")
+    out = {}
+    for name, entry in raw.items():
+        if not isinstance(entry, dict) or set(entry) != set(FIELDS):
+            got = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+            raise ConfigError(f"{path}: '{name}' must have exactly {', '.join(FIELDS)} (got {got})")
+        if not all(isinstance(entry[f], int) and not isinstance(entry[f], bool) for f in FIELDS):
+            raise ConfigError(f"{path}: '{name}': all fields must be integers")
+        cal = MotorCalibration(**{f: entry[f] for f in FIELDS})
+        if cal.drive_mode not in (0, 1):
+            raise ConfigError(f"{path}: '{name}.drive_mode' must be 0 or 1")
+        if not 0 <= cal.range_min < cal.range_max < TICKS:
+            raise ConfigError(f"{path}: '{name}': need 0 <= range_min < range_max < {TICKS}")
+        if not -2047 <= cal.homing_offset <= 2047:
+            raise ConfigError(f"{path}: '{name}.homing_offset' must lie in -2047..2047")
+        out[name] = cal
+    missing = [m for m in (motors or []) if m not in out]
+    if missing:
+        raise ConfigError(f"{path}: no calibration for {', '.join(missing)}")
+    return out
+
+
+def save(cal: dict[str, MotorCalibration], path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({k: asdict(v) for k, v in cal.items()}, indent=4) + "\n")
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------ on the arm
+def calibrate(bus, names: list[str], confirm, sweep_done, full_turn: tuple[str, ...] = ("wrist_roll",),
+              log=print) -> dict[str, MotorCalibration]:
+    """LeRobot's SO-101 procedure on a connected FeetechBus, torque off throughout.
+
+    confirm(message) returns once the operator has done what it says; sweep_done() is
+    polled while the joints are swept and returns True when the operator is finished.
+    Writes Homing_Offset and the position limits to the servos' EEPROM.
+    """
+    bus.torque_off()
+    ids = {n: bus.ids[n] for n in names}
+    for sid in ids.values():
+        bus.write("Lock", sid, 0)
+        bus.write("Homing_Offset", sid, 0)
+        bus.write("Min_Position_Limit", sid, 0)
+        bus.write("Max_Position_Limit", sid, TICKS - 1)
+    confirm("Move the arm to the middle of its range (every joint centred), then confirm.")
+    raw = bus.sync_read("Present_Position", tries=3)
+    # Half-turn homing: the middle pose reads 2047 from now on.
+    offsets = {n: _wrap(raw[sid] - MIDDLE) for n, sid in ids.items()}
+    for n, sid in ids.items():
+        bus.write("Homing_Offset", sid, offsets[n])
+    log("Now move every joint through its whole range" + (f" ({', '.join(full_turn)}: a full turn)" if full_turn else ""))
+    lo = {n: TICKS for n in ids}
+    hi = {n: -1 for n in ids}
+    while True:
+        try:
+            pos = bus.sync_read("Present_Position")
+        except Exception:  # noqa: BLE001 - a missed reading only loses a sample
+            pos = {}
+        for n, sid in ids.items():
+            if sid in pos:
+                lo[n], hi[n] = min(lo[n], pos[sid]), max(hi[n], pos[sid])
+        if sweep_done():
+            break
+    cal = {}
+    for n, sid in ids.items():
+        rmin, rmax = (0, TICKS - 1) if n in full_turn else (lo[n], hi[n])
+        if not rmin < rmax:
+            raise ConfigError(f"calibration: joint '{n}' did not move during the sweep")
+        cal[n] = MotorCalibration(sid, 0, offsets[n], rmin, rmax)
+        bus.write("Min_Position_Limit", sid, rmin)
+        bus.write("Max_Position_Limit", sid, rmax)
+        bus.write("Lock", sid, 1)
+    return cal
+
+
+def check_servos(bus, cal: dict[str, MotorCalibration], where: str = "calibration") -> None:
+    """The servos' EEPROM must hold the file's homing offsets and limits (start-up check)."""
+    for name, c in cal.items():
+        have = (bus.read("Homing_Offset", c.id), bus.read("Min_Position_Limit", c.id),
+                bus.read("Max_Position_Limit", c.id))
+        want = (c.homing_offset, c.range_min, c.range_max)
+        if have != want:
+            raise ConfigError(f"{where}: servo {c.id} ({name}) holds homing offset/min/max {have}, "
+                              f"the calibration file says {want}; recalibrate or use the right file")
+
+
+def _wrap(offset: int) -> int:
+    """Into the register's -2047..2047 (the reading is modulo one turn)."""
+    return (offset + 2048) % TICKS - 2048 if abs(offset) > 2047 else offset

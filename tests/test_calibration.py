@@ -1,0 +1,94 @@
+"""LeRobot-format calibration: the file, the ticks <-> radians mapping, and the procedure run
+against the emulated arm through the real SDK."""
+
+import json
+
+import pytest
+
+from soarm.calibration.calibration import (MIDDLE, MotorCalibration, calibrate, check_servos, load,
+                                           rad_to_ticks, save, ticks_to_rad)
+from soarm.config import ConfigError
+from soarm.robot.bus import FeetechBus
+from soarm.robot.emulator import ServoBusEmulator
+
+# A calibration file as LeRobot 0.4 writes it for an SO-101 follower.
+LEROBOT = {
+    "shoulder_pan": {"id": 1, "drive_mode": 0, "homing_offset": -1470, "range_min": 758, "range_max": 3292},
+    "shoulder_lift": {"id": 2, "drive_mode": 0, "homing_offset": 153, "range_min": 815, "range_max": 3226},
+    "elbow_flex": {"id": 3, "drive_mode": 0, "homing_offset": 1368, "range_min": 869, "range_max": 3059},
+    "wrist_flex": {"id": 4, "drive_mode": 0, "homing_offset": -1470, "range_min": 859, "range_max": 3158},
+    "wrist_roll": {"id": 5, "drive_mode": 0, "homing_offset": 1140, "range_min": 0, "range_max": 4095},
+    "gripper": {"id": 6, "drive_mode": 0, "homing_offset": 1250, "range_min": 2019, "range_max": 3475},
+}
+
+
+def test_lerobot_file_loads_and_saves_unchanged(tmp_path):
+    src = tmp_path / "so101.json"
+    src.write_text(json.dumps(LEROBOT))
+    cal = load(src, motors=list(LEROBOT))
+    assert cal["elbow_flex"] == MotorCalibration(3, 0, 1368, 869, 3059)
+    save(cal, tmp_path / "out.json")
+    assert json.loads((tmp_path / "out.json").read_text()) == LEROBOT
+
+
+@pytest.mark.parametrize("drive_mode", [0, 1])
+def test_mapping_both_ways(drive_mode):
+    cal = MotorCalibration(1, drive_mode, 0, 0, 4095)
+    assert ticks_to_rad(cal, MIDDLE) == 0.0
+    for ticks in (0, 100, 2047, 3000, 4095):
+        assert rad_to_ticks(cal, ticks_to_rad(cal, ticks)) == ticks
+    for rad in (-1.5, -0.01, 0.0, 0.7):
+        assert abs(ticks_to_rad(cal, rad_to_ticks(cal, rad)) - rad) <= 3.1416 / 4096
+    assert (ticks_to_rad(cal, 2100) > 0) == (drive_mode == 0)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{not json", "malformed calibration JSON"),
+    ('{"shoulder_pan": {"id": 1}}', "must have exactly"),
+    ('{"shoulder_pan": {"id": 1, "drive_mode": 2, "homing_offset": 0, "range_min": 0, "range_max": 9}}',
+     "drive_mode"),
+    ('{"shoulder_pan": {"id": 1, "drive_mode": 0, "homing_offset": 0, "range_min": 900, "range_max": 9}}',
+     "range_min < range_max"),
+    ('{"shoulder_pan": {"id": 1, "drive_mode": 0, "homing_offset": 0, "range_min": 0, "range_max": "9"}}',
+     "integers"),
+])
+def test_malformed_calibration_is_one_line(tmp_path, text, words):
+    p = tmp_path / "bad.json"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load(p)
+    assert words in str(e.value) and str(p) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_procedure_against_the_emulated_arm(robot):
+    names = list(robot.names)
+    ids = {n: i + 1 for i, n in enumerate(names)}
+    with ServoBusEmulator(seed=5) as emu:
+        bus = FeetechBus(emu.port, ids)
+        bus.connect()
+        lo, hi = robot.lower, robot.upper
+        path = [[lo[j] * f if f > 0 else hi[j] * -f for j in range(len(names))] for f in (0.5, 1.0, -0.5, -1.0)]
+        path = [[0.0] * len(names)] + path + [[0.0] * len(names)]
+        step = iter(range(len(path) * 3))
+
+        def sweep_done():
+            k = next(step)
+            emu.place(path[min(k // 3, len(path) - 1)])
+            return k >= len(path) * 3 - 1
+
+        cal = calibrate(bus, names, confirm=lambda msg: emu.place([0.0] * len(names)), sweep_done=sweep_done,
+                        log=lambda msg: None)
+        # The middle pose reads 2047, and the mapping gives back the true angles.
+        q_true = [0.3, 0.5, -0.4, 0.8, -1.0, 0.2]
+        emu.place(q_true)
+        pos = bus.sync_read("Present_Position", tries=3)
+        for n, sid in ids.items():
+            assert abs(ticks_to_rad(cal[n], pos[sid]) - q_true[sid - 1]) <= 1.5 * 2 * 3.1416 / 4096, n
+        assert cal["wrist_roll"].range_min == 0 and cal["wrist_roll"].range_max == 4095
+        lift = cal["shoulder_lift"]
+        assert abs(ticks_to_rad(lift, lift.range_min) - lo[1]) < 0.01
+        assert abs(ticks_to_rad(lift, lift.range_max) - hi[1]) < 0.01
+        check_servos(bus, cal)                                   # EEPROM holds what the file says
+        bad = dict(cal, elbow_flex=MotorCalibration(3, 0, cal["elbow_flex"].homing_offset + 5, 0, 4095))
+        with pytest.raises(ConfigError, match=r"servo 3 \(elbow_flex\) holds"):
+            check_servos(bus, bad)
