@@ -111,7 +111,8 @@ def calibrate(bus, names: list[str], confirm, sweep_done, full_turn: tuple[str, 
     offsets = {n: _wrap(raw[sid] - MIDDLE) for n, sid in ids.items()}
     for n, sid in ids.items():
         bus.write("Homing_Offset", sid, offsets[n])
-    log("Now move every joint through its whole range" + (f" ({', '.join(full_turn)}: a full turn)" if full_turn else ""))
+    turn = f" ({', '.join(full_turn)}: a full turn)" if full_turn else ""
+    log(f"Now move every joint through its whole range{turn}")
     lo = {n: TICKS for n in ids}
     hi = {n: -1 for n in ids}
     while True:

@@ -5,11 +5,13 @@ import json
 
 import pytest
 
-from soarm.calibration.calibration import (MIDDLE, MotorCalibration, calibrate, check_servos, load,
+from soarm.calibration.calibration import (MIDDLE, MotorCalibration, check_servos, load,
                                            rad_to_ticks, save, ticks_to_rad)
 from soarm.config import ConfigError
 from soarm.robot.bus import FeetechBus
 from soarm.robot.emulator import ServoBusEmulator
+
+from conftest import calibrate_emulated
 
 # A calibration file as LeRobot 0.4 writes it for an SO-101 follower.
 LEROBOT = {
@@ -66,18 +68,8 @@ def test_procedure_against_the_emulated_arm(robot):
     with ServoBusEmulator(seed=5) as emu:
         bus = FeetechBus(emu.port, ids)
         bus.connect()
+        cal = calibrate_emulated(emu, bus, robot)
         lo, hi = robot.lower, robot.upper
-        path = [[lo[j] * f if f > 0 else hi[j] * -f for j in range(len(names))] for f in (0.5, 1.0, -0.5, -1.0)]
-        path = [[0.0] * len(names)] + path + [[0.0] * len(names)]
-        step = iter(range(len(path) * 3))
-
-        def sweep_done():
-            k = next(step)
-            emu.place(path[min(k // 3, len(path) - 1)])
-            return k >= len(path) * 3 - 1
-
-        cal = calibrate(bus, names, confirm=lambda msg: emu.place([0.0] * len(names)), sweep_done=sweep_done,
-                        log=lambda msg: None)
         # The middle pose reads 2047, and the mapping gives back the true angles.
         q_true = [0.3, 0.5, -0.4, 0.8, -1.0, 0.2]
         emu.place(q_true)

@@ -1,0 +1,124 @@
+"""The safety layer: every goal passes here before it reaches a servo.
+
+Pure and bus-free (the control loop feeds it and obeys it), so every rule is tested exactly:
+- NaN/inf goals are rejected (hold the last safe goal);
+- goals are clamped to the joint limits: the calibrated range intersected with the robot
+  description's limits, minus a margin;
+- the change per tick is capped (a rate limit on the goal);
+- a joint measured faster than the velocity cap makes the arm hold where it is;
+- watchdog: no fresh encoder reading or no fresh policy output for `hold_after` ticks ->
+  hold; for `torque_off_after` ticks -> torque off;
+- an error bit (overload, overheat, voltage) or a temperature above the limit in a polled
+  servo status -> torque off; `estop()` -> torque off.
+Every rule that fires is counted, and logged as an event.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+COMMAND, HOLD, TORQUE_OFF = "command", "hold", "torque_off"
+FATAL_BITS = 0x01 | 0x04 | 0x20        # voltage, overheat, overload
+
+
+@dataclass
+class SafetyCfg:
+    margin: float = 0.03               # rad kept clear of each limit
+    max_step: float = 0.08             # rad per tick a goal may move
+    max_velocity: float = 6.0          # rad/s measured, above which the arm holds
+    hold_after: int = 3                # ticks without fresh data before holding
+    torque_off_after: int = 30         # ticks without fresh data before torque off
+    max_temperature: int = 65          # deg C
+
+    def validate(self) -> None:
+        if not (self.margin >= 0 and self.max_step > 0 and self.max_velocity > 0):
+            raise ValueError("safety: margin >= 0, max_step > 0 and max_velocity > 0 required")
+        if not 0 < self.hold_after < self.torque_off_after:
+            raise ValueError("safety: need 0 < hold_after < torque_off_after")
+
+
+@dataclass
+class Decision:
+    kind: str                          # command | hold | torque_off
+    goal: np.ndarray | None            # rad, what to write (None with torque_off)
+    events: list[str] = field(default_factory=list)
+
+
+class SafetyLayer:
+    def __init__(self, cfg: SafetyCfg, lower, upper):
+        self.cfg = cfg
+        self.lower = np.asarray(lower, dtype=float) + cfg.margin
+        self.upper = np.asarray(upper, dtype=float) - cfg.margin
+        if not (self.lower < self.upper).all():
+            raise ValueError("safety: the margin leaves no room inside the joint limits")
+        self.last: np.ndarray | None = None
+        self.stale = 0
+        self.tripped: str | None = None
+        self.counters: dict[str, int] = {}
+        self.events: deque[str] = deque(maxlen=1000)          # the latest, for logs
+
+    def reset(self, measured) -> None:
+        """Start from the measured pose (after Goal := Present and torque on)."""
+        self.last = np.clip(np.asarray(measured, dtype=float), self.lower, self.upper)
+        self.stale, self.tripped = 0, None
+
+    def _fire(self, rule: str, out: list[str]) -> None:
+        self.counters[rule] = self.counters.get(rule, 0) + 1
+        out.append(rule)
+
+    def filter(self, goal, measured, fresh_reading: bool, fresh_policy: bool, dt: float,
+               velocity=None) -> Decision:
+        """The goal to send this tick, given the policy's goal and the latest reading."""
+        events: list[str] = []
+        if self.tripped:
+            return Decision(TORQUE_OFF, None, [self.tripped])
+        fresh = fresh_reading and fresh_policy
+        self.stale = 0 if fresh else self.stale + 1
+        if self.stale >= self.cfg.torque_off_after:
+            return self._trip("watchdog_torque_off", events)
+        if self.stale >= self.cfg.hold_after:
+            self._fire("watchdog_hold", events)
+            return self._record(Decision(HOLD, self.last.copy(), events))
+        if not fresh:                              # a single missed tick: keep the last goal
+            return self._record(Decision(HOLD, self.last.copy(), events))
+        goal = np.asarray(goal, dtype=float)
+        if not np.isfinite(goal).all():
+            self._fire("non_finite_goal", events)
+            return self._record(Decision(HOLD, self.last.copy(), events))
+        if velocity is not None and (np.abs(velocity) > self.cfg.max_velocity).any():
+            self._fire("velocity_cap", events)
+            held = np.clip(np.asarray(measured, dtype=float), self.lower, self.upper)
+            self.last = held
+            return self._record(Decision(HOLD, held.copy(), events))
+        clipped = np.clip(goal, self.lower, self.upper)
+        if (clipped != goal).any():
+            self._fire("joint_limit", events)
+        step = np.clip(clipped - self.last, -self.cfg.max_step, self.cfg.max_step)
+        if (self.last + step != clipped).any():
+            self._fire("rate_limit", events)
+        self.last = self.last + step
+        return self._record(Decision(COMMAND, self.last.copy(), events))
+
+    def status(self, sid: int, error_bits: int, temperature: int) -> None:
+        """A polled servo status; a fault trips the layer (next decision: torque off)."""
+        if error_bits & FATAL_BITS:
+            self._trip(f"servo_{sid}_error_0x{error_bits:02x}", [])
+        elif temperature > self.cfg.max_temperature:
+            self._trip(f"servo_{sid}_overheat_{temperature}C", [])
+
+    def estop(self, reason: str = "estop") -> None:
+        self._trip(reason, [])
+
+    def _trip(self, rule: str, events: list[str]) -> Decision:
+        if self.tripped is None:
+            self.tripped = rule
+            self._fire(rule, events)
+            self.events.append(rule)
+        return Decision(TORQUE_OFF, None, events)
+
+    def _record(self, d: Decision) -> Decision:
+        self.events.extend(d.events)
+        return d

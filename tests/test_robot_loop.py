@@ -1,0 +1,78 @@
+"""The control loop closed through the emulator: SDK -> pty -> emulated servos and physics.
+Every way it ends is torque off."""
+
+import math
+
+import numpy as np
+import pytest
+
+from soarm.export.runtime import PolicyRuntime
+from soarm.robot.bus import FeetechBus
+from soarm.robot.emulator import ServoBusEmulator
+from soarm.robot.loop import ControlLoop
+from soarm.robot.safety import SafetyCfg, SafetyLayer
+
+from conftest import calibrate_emulated
+
+TARGET = np.array([0.2, 0.0, 0.15], dtype=np.float32)
+
+
+@pytest.fixture
+def arm(robot, tiny_policy):
+    with ServoBusEmulator(seed=2) as emu:
+        ids = {n: i + 1 for i, n in enumerate(robot.names)}
+        bus = FeetechBus(emu.port, ids)
+        bus.connect()
+        cal = calibrate_emulated(emu, bus, robot)
+        rt = PolicyRuntime(tiny_policy)
+        idx = robot.arm_index
+        safety = SafetyLayer(SafetyCfg(), robot.lower[idx], robot.upper[idx])
+        yield emu, bus, cal, rt, safety
+
+
+def test_runs_at_rate_within_limits_and_ends_with_torque_off(arm, robot):
+    emu, bus, cal, rt, safety = arm
+    loop = ControlLoop(bus, rt, cal, safety, target=lambda: TARGET)
+    loop.start()
+    assert bool(emu.sim.enabled.all())
+    stats = loop.run(seconds=1.0)
+    assert 25 <= stats["ticks"] <= 31 and stats["read_failures"] == 0
+    assert not bool(emu.sim.enabled.any())                       # torque off at the end
+    q = np.array(emu.joint_positions())[robot.arm_index]
+    idx = robot.arm_index
+    assert (q >= robot.lower[idx] - 0.02).all() and (q <= robot.upper[idx] + 0.02).all()
+
+
+def test_bad_target_holds_then_turns_torque_off(arm):
+    emu, bus, cal, rt, safety = arm
+    loop = ControlLoop(bus, rt, cal, safety, target=lambda: np.full(3, math.nan, dtype=np.float32))
+    loop.start()
+    stats = loop.run(seconds=3.0)
+    assert stats["policy_errors"] >= safety.cfg.torque_off_after - 1
+    assert safety.tripped == "watchdog_torque_off" and safety.counters["watchdog_hold"] > 0
+    assert not bool(emu.sim.enabled.any())
+
+
+def test_unplugged_adapter_ends_in_a_defined_state(arm):
+    emu, bus, cal, rt, safety = arm
+    ticks = iter(range(10**6))
+
+    def target():
+        if next(ticks) == 10:
+            emu.unplug()
+        return TARGET
+    loop = ControlLoop(bus, rt, cal, safety, target=target)
+    loop.start()
+    stats = loop.run(seconds=3.0)                                 # no exception escapes
+    assert stats["read_failures"] > 0 and safety.tripped == "watchdog_torque_off"
+    assert not loop.running
+
+
+def test_servo_overload_turns_torque_off(arm):
+    emu, bus, cal, rt, safety = arm
+    loop = ControlLoop(bus, rt, cal, safety, target=lambda: TARGET, status_every=2)
+    loop.start()
+    emu.faults.error_bits = 0x20
+    loop.run(seconds=2.0)
+    assert safety.tripped is not None and "error_0x20" in safety.tripped
+    assert not bool(emu.sim.enabled.any())

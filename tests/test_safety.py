@@ -1,0 +1,67 @@
+"""Every rule of the safety layer, exactly."""
+
+import numpy as np
+import pytest
+
+from soarm.robot.safety import COMMAND, HOLD, TORQUE_OFF, SafetyCfg, SafetyLayer
+
+LO, HI = np.array([-1.0, -2.0]), np.array([1.0, 2.0])
+
+
+@pytest.fixture
+def layer():
+    s = SafetyLayer(SafetyCfg(margin=0.1, max_step=0.05, max_velocity=5.0, hold_after=2, torque_off_after=4),
+                    LO, HI)
+    s.reset([0.0, 0.0])
+    return s
+
+
+def step(s, goal, fresh=True, policy=True, velocity=(0.0, 0.0)):
+    return s.filter(np.array(goal), np.zeros(2), fresh, policy, 1 / 30, velocity=np.array(velocity))
+
+
+def test_limits_with_margin_and_rate_limit(layer):
+    d = step(layer, [5.0, -0.01])
+    assert d.kind == COMMAND and d.goal.tolist() == [0.05, -0.01]
+    assert set(d.events) == {"joint_limit", "rate_limit"}
+    for _ in range(40):
+        d = step(layer, [5.0, -5.0])
+    assert d.goal.tolist() == pytest.approx([0.9, -1.9])           # limit minus margin, never beyond
+
+
+def test_non_finite_goal_holds_the_last_safe_goal(layer):
+    step(layer, [0.03, 0.0])
+    d = step(layer, [np.nan, 0.0])
+    assert d.kind == HOLD and d.goal.tolist() == [0.03, 0.0] and layer.counters["non_finite_goal"] == 1
+
+
+def test_velocity_cap_holds_where_the_arm_is(layer):
+    d = step(layer, [0.04, 0.0], velocity=(0.0, 7.0))
+    assert d.kind == HOLD and d.goal.tolist() == [0.0, 0.0] and layer.counters["velocity_cap"] == 1
+
+
+def test_watchdog_hold_then_torque_off_and_stays_off(layer):
+    kinds = [step(layer, [0.0, 0.0], fresh=False).kind for _ in range(5)]
+    assert kinds == [HOLD, HOLD, HOLD, TORQUE_OFF, TORQUE_OFF]
+    assert step(layer, [0.0, 0.0]).kind == TORQUE_OFF                # latched until reset
+    layer.reset([0.0, 0.0])
+    assert step(layer, [0.01, 0.0]).kind == COMMAND
+
+
+def test_fresh_data_resets_the_watchdog(layer):
+    for _ in range(3):
+        step(layer, [0.0, 0.0], policy=False)
+        step(layer, [0.0, 0.0])
+    assert layer.tripped is None
+
+
+@pytest.mark.parametrize("bits, temp, trips", [(0x20, 30, True), (0x04, 30, True), (0x01, 30, True),
+                                               (0x00, 80, True), (0x00, 40, False), (0x02, 40, False)])
+def test_servo_status_faults(layer, bits, temp, trips):
+    layer.status(3, bits, temp)
+    assert (step(layer, [0.0, 0.0]).kind == TORQUE_OFF) == trips
+
+
+def test_estop(layer):
+    layer.estop()
+    assert step(layer, [0.0, 0.0]).kind == TORQUE_OFF and layer.tripped == "estop"
