@@ -137,6 +137,24 @@ def calibrate(bus, names: list[str], confirm, sweep_done, full_turn: tuple[str, 
     return cal
 
 
+def calibrate_emulated(emu, bus, robot):
+    """The procedure on an emulated arm (robot/emulator.py), the operator's moves scripted:
+    the middle pose, then each joint to half and full travel both ways."""
+    names = list(robot.names)
+    middle = [0.0] * len(names)
+    lo, hi = list(robot.lower), list(robot.upper)
+    path = [middle, [x / 2 for x in lo], lo, [x / 2 for x in hi], hi, middle]
+    step = iter(range(len(path) * 3))           # three readings at each pose
+
+    def sweep_done():
+        k = next(step)
+        emu.place(path[min(k // 3, len(path) - 1)])
+        return k >= len(path) * 3 - 1
+
+    return calibrate(bus, names, confirm=lambda msg: emu.place([0.0] * len(names)), sweep_done=sweep_done,
+                     log=lambda msg: None)
+
+
 def check_servos(bus, cal: dict[str, MotorCalibration], where: str = "calibration") -> None:
     """The servos' EEPROM must hold the file's homing offsets and limits (start-up check)."""
     for name, c in cal.items():

@@ -134,9 +134,25 @@ class FeetechBus:
             raise BusError(f"{self.port_name}: sync write of {register} failed")
 
     def read_status(self, sid: int) -> ServoStatus:
-        """What SYNC_READ hides: the error bits, temperature, load and voltage of one servo."""
-        return ServoStatus(self.read("Status", sid), self.read("Present_Temperature", sid),
-                           self.read("Present_Load", sid), self.read("Present_Voltage", sid) / 10.0)
+        """What SYNC_READ hides: load, voltage, temperature and the error bits of one servo,
+        in one READ of addresses 60..65, so that a stale reply to a shorter read (the SDK
+        cannot tell) fails the length check instead of passing for a fault. An implausible
+        temperature or voltage is a failed read, not a fault."""
+        first, last = ct.STS3215["Present_Load"], ct.STS3215["Status"]
+        n = last.address + last.size - first.address
+        out, ok = self._call(self.packets.readTxRx, self.port, sid, first.address, n)
+        if not ok or len(out[0]) != n:
+            raise BusError(f"{self.port_name}: status read from servo {sid} ({self.names[sid]}) failed")
+        data = out[0]
+
+        def at(name: str) -> int:
+            reg = ct.STS3215[name]
+            return ct.from_bytes(reg, data[reg.address - first.address:])
+        status = ServoStatus(at("Status"), at("Present_Temperature"), at("Present_Load"),
+                             at("Present_Voltage") / 10.0)
+        if not (0 <= status.temperature <= 120 and 3.0 <= status.voltage <= 16.0):
+            raise BusError(f"{self.port_name}: implausible status from servo {sid} ({self.names[sid]})")
+        return status
 
     # -------------------------------------------------------------- torque
     def enable_torque(self) -> dict[int, int]:

@@ -5,7 +5,8 @@ Pure and bus-free (the control loop feeds it and obeys it), so every rule is tes
 - goals are clamped to the joint limits: the calibrated range intersected with the robot
   description's limits, minus a margin;
 - the change per tick is capped (a rate limit on the goal);
-- a joint measured faster than the velocity cap makes the arm hold where it is;
+- a joint measured faster than the velocity cap makes the arm hold where it is (the goal
+  moving there at the rate limit);
 - watchdog: no fresh encoder reading or no fresh policy output for `hold_after` ticks ->
   hold; for `torque_off_after` ticks -> torque off;
 - an error bit (overload, overheat, voltage) or a temperature above the limit in a polled
@@ -30,7 +31,7 @@ class SafetyCfg:
     max_step: float = 0.08             # rad per tick a goal may move
     max_velocity: float = 6.0          # rad/s measured, above which the arm holds
     hold_after: int = 3                # ticks without fresh data before holding
-    torque_off_after: int = 30         # ticks without fresh data before torque off
+    torque_off_after: int = 15         # ticks without fresh data before torque off (0.5 s at 30 Hz)
     max_temperature: int = 65          # deg C
 
     def validate(self) -> None:
@@ -89,10 +90,11 @@ class SafetyLayer:
             self._fire("non_finite_goal", events)
             return self._record(Decision(HOLD, self.last.copy(), events))
         if velocity is not None and (np.abs(velocity) > self.cfg.max_velocity).any():
+            # Hold where the arm is, approached at the rate limit like any other goal.
             self._fire("velocity_cap", events)
-            held = np.clip(np.asarray(measured, dtype=float), self.lower, self.upper)
-            self.last = held
-            return self._record(Decision(HOLD, held.copy(), events))
+            here = np.clip(np.asarray(measured, dtype=float), self.lower, self.upper)
+            self.last = self.last + np.clip(here - self.last, -self.cfg.max_step, self.cfg.max_step)
+            return self._record(Decision(HOLD, self.last.copy(), events))
         clipped = np.clip(goal, self.lower, self.upper)
         if (clipped != goal).any():
             self._fire("joint_limit", events)

@@ -36,21 +36,3 @@ def tiny_policy(tmp_path_factory):
     export(root / "run", root / "policy.onnx", verify_count=1000)
     return root / "policy.onnx"
 
-
-def calibrate_emulated(emu, bus, robot):
-    """LeRobot's procedure on the emulated arm, the operator's moves scripted."""
-    from soarm.calibration.calibration import calibrate
-
-    names = list(robot.names)
-    lo, hi = robot.lower, robot.upper
-    path = [[0.0] * len(names)] + [[lo[j] * f if f > 0 else hi[j] * -f for j in range(len(names))]
-                                   for f in (0.5, 1.0, -0.5, -1.0)] + [[0.0] * len(names)]
-    step = iter(range(len(path) * 3))
-
-    def sweep_done():
-        k = next(step)
-        emu.place(path[min(k // 3, len(path) - 1)])
-        return k >= len(path) * 3 - 1
-
-    return calibrate(bus, names, confirm=lambda msg: emu.place([0.0] * len(names)), sweep_done=sweep_done,
-                     log=lambda msg: None)

@@ -5,13 +5,11 @@ import json
 
 import pytest
 
-from soarm.calibration.calibration import (MIDDLE, MotorCalibration, check_servos, load,
+from soarm.calibration.calibration import (MIDDLE, MotorCalibration, calibrate_emulated, check_servos, load,
                                            rad_to_ticks, save, ticks_to_rad)
 from soarm.config import ConfigError
 from soarm.robot.bus import FeetechBus
 from soarm.robot.emulator import ServoBusEmulator
-
-from conftest import calibrate_emulated
 
 # A calibration file as LeRobot 0.4 writes it for an SO-101 follower.
 LEROBOT = {

@@ -6,13 +6,12 @@ import math
 import numpy as np
 import pytest
 
+from soarm.calibration.calibration import calibrate_emulated
 from soarm.export.runtime import PolicyRuntime
 from soarm.robot.bus import FeetechBus
 from soarm.robot.emulator import ServoBusEmulator
 from soarm.robot.loop import ControlLoop
 from soarm.robot.safety import SafetyCfg, SafetyLayer
-
-from conftest import calibrate_emulated
 
 TARGET = np.array([0.2, 0.0, 0.15], dtype=np.float32)
 

@@ -36,8 +36,11 @@ def test_non_finite_goal_holds_the_last_safe_goal(layer):
 
 
 def test_velocity_cap_holds_where_the_arm_is(layer):
-    d = step(layer, [0.04, 0.0], velocity=(0.0, 7.0))
-    assert d.kind == HOLD and d.goal.tolist() == [0.0, 0.0] and layer.counters["velocity_cap"] == 1
+    step(layer, [0.05, 0.0])
+    step(layer, [0.1, 0.0])
+    d = layer.filter(np.array([0.2, 0.0]), np.array([0.02, 0.0]), True, True, 1 / 30, velocity=np.array([0.0, 7.0]))
+    assert d.kind == HOLD and d.goal.tolist() == pytest.approx([0.05, 0.0])    # towards the arm, rate-limited
+    assert layer.counters["velocity_cap"] == 1
 
 
 def test_watchdog_hold_then_torque_off_and_stays_off(layer):
