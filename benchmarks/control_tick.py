@@ -53,6 +53,7 @@ class Rig:
         self.loop = ControlLoop(self.bus, PolicyRuntime(policy), self.cal, self.safety, lambda: TARGET,
                                 rate_hz=rate)
         self.loop.start()
+        self.last = self.loop.step.goal.copy()
         self.emu.faults = faults or FaultCfg()
         self.outside = self.too_fast = 0
         self.lo, self.hi = self.safety.lower, self.safety.upper
@@ -60,7 +61,8 @@ class Rig:
 
         def checked(goal):
             self.outside += int(((goal < self.lo - 1e-9) | (goal > self.hi + 1e-9)).any())
-            self.too_fast += int((np.abs(goal - self.loop.goal) > self.cfg.max_step + 1e-9).any())
+            self.too_fast += int((np.abs(goal - self.last) > self.cfg.max_step + 1e-6).any())
+            self.last = goal.copy()
             write(goal)
         self.loop._write = checked
 

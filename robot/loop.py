@@ -21,7 +21,7 @@ import numpy as np
 from soarm.calibration.calibration import MotorCalibration, check_servos, rad_to_ticks, ticks_to_rad
 from soarm.export.runtime import PolicyError, PolicyRuntime
 from soarm.robot.bus import BusError, FeetechBus
-from soarm.robot.safety import COMMAND, TORQUE_OFF, SafetyLayer
+from soarm.robot.safety import COMMAND, TORQUE_OFF, Decision, SafetyLayer
 
 
 @dataclass
@@ -41,11 +41,53 @@ class LoopStats:
                 "tick_ms_max": float(d.max())}
 
 
+@dataclass
+class StepResult:
+    decision: Decision
+    action: np.ndarray | None          # policy output, None when the policy gave none
+    goal_policy: np.ndarray | None     # the goal the policy asked for, before safety
+    fault: str | None = None
+
+
+class PolicyStep:
+    """One tick's decision, bus-free: reading -> observation -> policy -> safety. The control
+    loop and the replay of an encoder log both run exactly this."""
+
+    def __init__(self, runtime: PolicyRuntime, safety: SafetyLayer, rate_hz: float, q0: np.ndarray):
+        self.rt, self.safety, self.dt = runtime, safety, 1.0 / rate_hz
+        self.safety.reset(q0)
+        self.goal = np.asarray(q0, dtype=np.float32).copy()
+        self.q_prev = self.goal.copy()
+        self.last_action = np.zeros(len(self.goal), dtype=np.float32)
+
+    def __call__(self, q: np.ndarray | None, target, fault: str | None = None) -> StepResult:
+        """q: arm joint angles (rad) read this tick, or None when the read failed."""
+        fresh = q is not None
+        q = self.q_prev if q is None else np.asarray(q, dtype=np.float32)
+        goal, action = self.goal, None
+        if fresh:
+            try:
+                obs = self.rt.observe(q, self.q_prev, self.goal, target, self.last_action)
+                action = self.rt.act(obs)[0]
+                goal = self.rt.next_goal(self.goal, action)[0]
+            except PolicyError as e:
+                action, fault = None, str(e)
+        decision = self.safety.filter(goal, q, fresh, action is not None, self.dt,
+                                      velocity=(q - self.q_prev) / self.dt)
+        if decision.goal is not None:
+            self.goal = decision.goal.astype(np.float32)
+            self.last_action = action if decision.kind == COMMAND else np.zeros_like(self.last_action)
+            self.q_prev = q
+        return StepResult(decision, action, goal if action is not None else None, fault)
+
+
 class ControlLoop:
     def __init__(self, bus: FeetechBus, runtime: PolicyRuntime, calibration: dict[str, MotorCalibration],
                  safety: SafetyLayer, target: Callable[[], np.ndarray], rate_hz: float | None = None,
-                 status_every: int = 5):
+                 status_every: int = 5, recorder=None):
+        """`recorder`: an EncoderLogWriter (robot/enclog.py) that receives every tick."""
         self.bus, self.rt, self.cal, self.safety, self.target = bus, runtime, calibration, safety, target
+        self.recorder = recorder
         self.rate = rate_hz or runtime.control_hz
         self.arm = list(runtime.contract["joint_names"])
         grip = runtime.contract["gripper"]
@@ -61,42 +103,50 @@ class ControlLoop:
     def start(self) -> None:
         check_servos(self.bus, self.cal)
         held = self.bus.enable_torque()
-        q = self._to_rad(held)
-        self.safety.reset(q)
-        self.goal, self.q_prev = q.copy(), q.copy()
-        self.last_action = np.zeros(len(self.arm), dtype=np.float32)
+        self.step = PolicyStep(self.rt, self.safety, self.rate, self._to_rad(held))
+        self.t0 = time.perf_counter()
         self.running = True
+
+    def log_header(self) -> dict:
+        """What a replay needs besides the ticks: joints, calibration, rate, policy."""
+        from dataclasses import asdict
+
+        from soarm.contract import config_hash
+
+        return {"source": "soarm", "arm_joints": self.arm, "gripper": self.gripper, "rate_hz": self.rate,
+                "calibration": {n: asdict(c) for n, c in self.cal.items()}, "policy": str(self.rt.path),
+                "contract_hash": config_hash(self.rt.contract), "safety": asdict(self.safety.cfg),
+                "start_q": self.step.goal.tolist()}
 
     # --------------------------------------------------------------- tick
     def tick(self) -> str:
-        dt = 1.0 / self.rate
+        q, fault, target = None, None, self.target()
         try:
-            q = self._to_rad(self.bus.sync_read("Present_Position"))
-            fresh = True
-        except BusError:
+            raw = self.bus.sync_read("Present_Position")
+            q = self._to_rad(raw)
+        except BusError as e:
+            raw, fault = None, str(e)
             self.stats.read_failures += 1
-            q, fresh = self.q_prev, False
-        goal, policy_ok, action = self.goal, False, np.zeros_like(self.last_action)
-        if fresh:
-            try:
-                obs = self.rt.observe(q, self.q_prev, self.goal, self.target(), self.last_action)
-                action = self.rt.act(obs)[0]
-                goal = self.rt.next_goal(self.goal, action)[0]
-                policy_ok = True
-            except PolicyError:
-                self.stats.policy_errors += 1
-        decision = self.safety.filter(goal, q, fresh, policy_ok, dt, velocity=(q - self.q_prev) / dt)
-        if decision.kind == TORQUE_OFF:
+        r = self.step(q, target, fault)
+        if q is not None and r.action is None:
+            self.stats.policy_errors += 1
+        d = r.decision
+        if self.recorder is not None:
+            self.recorder.write({
+                "t": time.perf_counter() - self.t0, "raw": raw, "q": None if q is None else q.tolist(),
+                "target": np.asarray(target, dtype=float).tolist(),
+                "action": None if r.action is None else r.action.tolist(),
+                "goal_policy": None if r.goal_policy is None else r.goal_policy.tolist(),
+                "goal_sent": None if d.goal is None else d.goal.tolist(),
+                "decision": d.kind, "events": d.events, "fault": r.fault})
+        if d.kind == TORQUE_OFF:
             self.shutdown()
             return TORQUE_OFF
-        self._write(decision.goal)
-        self.goal = decision.goal
-        self.last_action = action if decision.kind == COMMAND else np.zeros_like(action)
-        self.q_prev = q
+        self._write(d.goal)
         self.stats.ticks += 1
         if self.stats.ticks % self.status_every == 0:
             self._poll_status()
-        return decision.kind
+        return d.kind
 
     def _write(self, arm_goal: np.ndarray) -> None:
         ticks = {self.cal[n].id: rad_to_ticks(self.cal[n], float(g)) for n, g in zip(self.arm, arm_goal)}

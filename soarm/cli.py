@@ -4,6 +4,7 @@
     soarm export       checkpoint -> self-describing ONNX policy (verified against torch)
     soarm evaluate     accuracy of a reach policy (ONNX, checkpoint or scripted) in the embedded sim
     soarm emulate      a simulated SO-101 servo bus on a pseudo-terminal, for the Feetech SDK
+    soarm replay       an encoder log through observation + policy + safety, against what was sent
     soarm servo-fit    fit the servo model and the PD baseline on real bench logs
     soarm servo-check  compare both fitted models on (new) bench logs
 """
@@ -119,6 +120,22 @@ def _emulate(args) -> int:
     return 0
 
 
+def _replay(args) -> int:
+    from soarm.export.runtime import PolicyRuntime
+    from soarm.robot import replay
+
+    header, ticks = replay.load_any(args.log)
+    report = replay.replay(header, ticks, PolicyRuntime(args.policy), where=str(args.log))
+    if args.plot:
+        replay.plot(report, args.plot)
+    shown = {k: v for k, v in report.items() if not k.startswith("_")}
+    print(f"replay of {args.log} ({shown['source']}) with {args.policy}: {shown['ticks_differing']} of "
+          f"{shown['ticks']} ticks differ by more than {shown['tolerance_rad']:.0e} rad "
+          f"(max {shown['max_abs_diff_rad']:.2e} rad, first at tick {shown['first_difference_tick']})"
+          + (f"; plot {args.plot}" if args.plot else ""))
+    return 0
+
+
 def _servo_fit(args) -> int:
     from soarm.training import servo_id
 
@@ -202,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--error-bits", type=lambda x: int(x, 0), default=0, help="e.g. 0x20 (overload)")
     p.add_argument("--silent", type=int, nargs="*", default=[], help="servo ids that never answer")
     p.set_defaults(fn=_emulate)
+
+    p = sub.add_parser("replay", help="re-run an encoder log through observation, policy and safety")
+    p.add_argument("log", type=Path, help="encoder log (.mcap) or a BAM servo log (.json)")
+    p.add_argument("--policy", type=Path, required=True, help="exported policy (.onnx)")
+    p.add_argument("--plot", type=Path, default=None)
+    p.set_defaults(fn=_replay)
 
     p = sub.add_parser("servo-fit", help="fit the servo model and a PD baseline on bench logs")
     p.add_argument("logs", nargs="*", type=Path, default=DEFAULT_LOGS)

@@ -1,0 +1,126 @@
+"""Replay an encoder log: the recorded encoder stream through the same decision step the
+loop runs (observation, inference, safety; robot/loop.py's PolicyStep), compared with the
+goals that were really sent.
+
+    soarm replay LOG.mcap --policy policy.onnx [--plot replay.png]
+
+Also imports the real servo logs of data/real_servo_logs (BAM's STS3250 pendulum) as
+encoder logs: one real servo's stream on the elbow, the other joints held at their middle.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from soarm.calibration.calibration import MIDDLE, TICK, MotorCalibration, ticks_to_rad
+from soarm.description import load_robot
+from soarm.export.runtime import PolicyRuntime
+from soarm.robot.enclog import LogError, read_log
+from soarm.robot.loop import PolicyStep
+from soarm.robot.safety import SafetyCfg, SafetyLayer
+
+TOLERANCE = 1e-5          # rad: recomputed and recorded goals agree below this
+
+
+def replay(header: dict, ticks: list[dict], runtime: PolicyRuntime, where: str = "log") -> dict:
+    robot = load_robot()
+    arm = header["arm_joints"]
+    if arm != list(runtime.contract["joint_names"]):
+        raise LogError(f"{where}: logged joints {arm} differ from the policy's {runtime.contract['joint_names']}")
+    cal = {n: MotorCalibration(**c) for n, c in header["calibration"].items()}
+    idx = robot.arm_index
+    safety = SafetyLayer(SafetyCfg(**header.get("safety", {})), robot.lower[idx], robot.upper[idx])
+    step = PolicyStep(runtime, safety, header["rate_hz"], np.asarray(header["start_q"], dtype=np.float32))
+    t, recorded, recomputed, diffs = [], [], [], []
+    for tick in ticks:
+        raw = tick["raw"]
+        q = None if raw is None else np.array([ticks_to_rad(cal[n], raw[str(cal[n].id)]) for n in arm],
+                                              dtype=np.float32)
+        r = step(q, np.asarray(tick["target"], dtype=np.float32))
+        a, b = tick["goal_sent"], r.decision.goal
+        t.append(tick["t"])
+        recorded.append(np.full(len(arm), np.nan) if a is None else np.asarray(a))
+        recomputed.append(np.full(len(arm), np.nan) if b is None else np.asarray(b))
+        if (a is None) != (b is None):
+            diffs.append(math.inf)
+        else:
+            diffs.append(0.0 if a is None else float(np.abs(np.asarray(a) - b).max()))
+    d = np.asarray(diffs)
+    differ = np.flatnonzero(d > TOLERANCE)
+    return {
+        "ticks": len(ticks), "max_abs_diff_rad": float(d[np.isfinite(d)].max()) if np.isfinite(d).any() else 0.0,
+        "ticks_differing": int(len(differ)), "first_difference_tick": int(differ[0]) if len(differ) else None,
+        "tolerance_rad": TOLERANCE, "source": header.get("source"),
+        "_series": (np.asarray(t), np.asarray(recorded), np.asarray(recomputed), d, arm),
+    }
+
+
+def plot(report: dict, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t, rec, new, d, arm = report["_series"]
+    fig, axes = plt.subplots(len(arm) + 1, 1, figsize=(10, 2 * (len(arm) + 1)), sharex=True)
+    for j, name in enumerate(arm):
+        axes[j].plot(t, rec[:, j], label="recorded goal", lw=1.5)
+        axes[j].plot(t, new[:, j], "--", label="recomputed goal", lw=1.2)
+        axes[j].set_ylabel(f"{name}\n(rad)", fontsize=8)
+    axes[0].legend(fontsize=8, loc="upper right")
+    axes[-1].semilogy(t, np.clip(np.where(np.isfinite(d), d, 1.0), 1e-9, None))
+    axes[-1].axhline(TOLERANCE, color="r", lw=0.8)
+    axes[-1].set_ylabel("|diff| (rad)", fontsize=8)
+    axes[-1].set_xlabel("time (s)")
+    fig.suptitle(f"replay: {report['ticks_differing']} of {report['ticks']} ticks differ "
+                 f"(max {report['max_abs_diff_rad']:.2e} rad)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def import_bam(path: str | Path, joint: str = "elbow_flex") -> tuple[dict, list[dict]]:
+    """A BAM bench log (data/real_servo_logs) as an encoder log: its servo on `joint` (its
+    goals as the goals sent), the other arm joints at their middle; identity calibration."""
+    from soarm.reach import ReachCfg
+
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+        entries = raw["entries"]
+        samples = [(float(e["timestamp"]), float(e["position"]), float(e["goal_position"])) for e in entries]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise LogError(f"{path}: not a BAM servo log ({type(e).__name__}: {str(e)[:80]})") from None
+    if len(samples) < 2:
+        raise LogError(f"{path}: BAM log has fewer than two samples")
+    robot = load_robot()
+    arm = list(robot.arm_joints)
+    if joint not in arm:
+        raise LogError(f"{path}: joint {joint!r} is not an arm joint")
+    j = arm.index(joint)
+    cal = {n: {"id": i + 1, "drive_mode": 0, "homing_offset": 0, "range_min": 0, "range_max": 4095}
+           for i, n in enumerate(robot.names)}
+    t0 = samples[0][0]
+    ticks = []
+    for ts, pos, goal in samples:
+        q = [0.0] * len(arm)
+        q[j] = pos
+        g = [0.0] * len(arm)
+        g[j] = goal
+        raw_ticks = {str(cal[n]["id"]): int(round(MIDDLE + q[k] / TICK)) % 4096 for k, n in enumerate(arm)}
+        ticks.append({"t": ts - t0, "raw": raw_ticks, "q": q, "target": [0.25, 0.0, 0.15], "action": None,
+                      "goal_policy": None, "goal_sent": g, "decision": "command", "events": [], "fault": None})
+    dt = float(np.median(np.diff([s[0] for s in samples])))
+    header = {"source": f"bam-import:{path.name}", "arm_joints": arm, "gripper": robot.gripper_joint,
+              "rate_hz": ReachCfg().control_hz if dt <= 0 else 1.0 / dt, "calibration": cal,
+              "start_q": [0.0] * len(arm)}
+    return header, ticks
+
+
+def load_any(path: str | Path) -> tuple[dict, list[dict]]:
+    """An encoder log (.mcap) or a BAM servo log (.json)."""
+    return import_bam(path) if str(path).endswith(".json") else read_log(path)
