@@ -61,11 +61,18 @@ class FeetechBus:
             raise BusError(f"{self.port_name}: cannot open ({os.strerror(e.errno or errno.EIO)})") from None
         except Exception as e:  # noqa: BLE001 - pyserial's SerialException and friends
             raise BusError(f"{self.port_name}: cannot open ({str(e).splitlines()[0]})") from None
+        firmware = {}
         for name, sid in self.ids.items():
             model = self._ping(sid)
             if model != ct.MODEL_STS3215:
                 raise BusError(f"{self.port_name}: servo {sid} ({name}) is model {model}, "
                                f"expected STS3215 ({ct.MODEL_STS3215})")
+            firmware[sid] = (self.read("Firmware_Major_Version", sid), self.read("Firmware_Minor_Version", sid))
+        # As LeRobot does: one firmware on the whole arm, or the control tables may differ.
+        if len(set(firmware.values())) > 1:
+            versions = ", ".join(f"{sid}: {a}.{b}" for sid, (a, b) in firmware.items())
+            raise BusError(f"{self.port_name}: servos run different firmware ({versions}); update them to one version")
+        self.firmware = next(iter(firmware.values()))
 
     def close(self) -> None:
         if self.port is not None and self.port.is_open:

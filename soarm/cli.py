@@ -4,6 +4,7 @@
     soarm export       checkpoint -> self-describing ONNX policy (verified against torch)
     soarm evaluate     accuracy of a reach policy (ONNX, checkpoint or scripted) in the embedded sim
     soarm emulate      a simulated SO-101 servo bus on a pseudo-terminal, for the Feetech SDK
+    soarm calibrate    LeRobot's SO-101 calibration on the arm (writes the servos' EEPROM and a JSON file)
     soarm replay       an encoder log through observation + policy + safety, against what was sent
     soarm servo-fit    fit the servo model and the PD baseline on real bench logs
     soarm servo-check  compare both fitted models on (new) bench logs
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from soarm import CONFIG_DIR, REPO_ROOT
 from soarm.config import ConfigError
+from soarm.robot.bus import BusError
 
 DEFAULT_LOGS = sorted((REPO_ROOT / "data" / "real_servo_logs").glob("*.json"))
 DEFAULT_FIT = CONFIG_DIR / "servo" / "sts3250_bench_fit.yaml"
@@ -117,6 +119,41 @@ def _emulate(args) -> int:
                 print(f"  {emu.counters}", flush=True)
         except KeyboardInterrupt:
             print(f"stopped; {emu.counters}")
+    return 0
+
+
+def _calibrate(args) -> int:
+    import threading
+
+    from soarm.calibration import calibration
+    from soarm.description import load_robot
+    from soarm.robot.bus import FeetechBus
+
+    robot = load_robot()
+    names = list(robot.names)
+    bus = FeetechBus(str(args.port), {n: i + 1 for i, n in enumerate(names)})
+    bus.connect()
+    done = threading.Event()
+
+    def confirm(message: str) -> None:
+        input(f"{message} [Enter] ")
+
+    waiter = threading.Thread(target=lambda: (input("[Enter] when done "), done.set()), daemon=True)
+
+    def sweep_done() -> bool:
+        if not waiter.is_alive() and not done.is_set():
+            waiter.start()               # first poll: the sweep has begun, wait for Enter
+        return done.is_set()
+
+    try:
+        cal = calibration.calibrate(bus, names, confirm, sweep_done)
+    finally:
+        bus.torque_off()
+        bus.close()
+    calibration.save(cal, args.out)
+    for n, c in cal.items():
+        print(f"  {n:14s} id {c.id}  homing_offset {c.homing_offset:5d}  range {c.range_min}..{c.range_max}")
+    print(f"wrote {args.out} (LeRobot format)")
     return 0
 
 
@@ -220,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--silent", type=int, nargs="*", default=[], help="servo ids that never answer")
     p.set_defaults(fn=_emulate)
 
+    p = sub.add_parser("calibrate", help="LeRobot's SO-101 calibration on the arm")
+    p.add_argument("--port", required=True, help="serial port of the servo adapter, e.g. /dev/ttyACM0")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "configs" / "calibration" / "so101.json")
+    p.set_defaults(fn=_calibrate)
+
     p = sub.add_parser("replay", help="re-run an encoder log through observation, policy and safety")
     p.add_argument("log", type=Path, help="encoder log (.mcap) or a BAM servo log (.json)")
     p.add_argument("--policy", type=Path, required=True, help="exported policy (.onnx)")
@@ -244,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, ValueError) as e:
+    except (ConfigError, ValueError, BusError) as e:
         print(f"soarm {args.cmd}: error: {e}", file=sys.stderr)
         return 2
 

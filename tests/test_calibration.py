@@ -82,3 +82,11 @@ def test_procedure_against_the_emulated_arm(robot):
         bad = dict(cal, elbow_flex=MotorCalibration(3, 0, cal["elbow_flex"].homing_offset + 5, 0, 4095))
         with pytest.raises(ConfigError, match=r"servo 3 \(elbow_flex\) holds"):
             check_servos(bus, bad)
+
+
+def test_cli_calibrate_without_a_port_is_one_line(tmp_path, capsys):
+    from soarm import cli
+
+    assert cli.main(["calibrate", "--port", str(tmp_path / "ttyACM7"), "--out", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no such serial port" in err and err.count("\n") == 0 and not (tmp_path / "c.json").exists()

@@ -80,6 +80,10 @@ def test_missing_servo_and_wrong_model_are_one_line_errors(tmp_path):
         e.servos[5].set("Model_Number", 1020)
         with pytest.raises(BusError, match="servo 5 .* is model 1020"):
             connect(e.port)
+    with ServoBusEmulator() as e:
+        e.servos[2].set("Firmware_Minor_Version", 5)
+        with pytest.raises(BusError, match="different firmware"):
+            connect(e.port)
     with pytest.raises(BusError, match="no such serial port"):
         connect(str(tmp_path / "ttyUSB9"))
 
@@ -101,6 +105,19 @@ def test_faulty_replies_fail_a_tick_and_the_next_one_is_clean():
             # Never a zero for a missing servo, never another servo's reply.
             assert all(abs(pos[s] - e.raw_position(s)) < 10 for s in pos), (pos, e.counters)
         assert failed > 0 and ok > 50, (ok, failed, e.counters)
+
+
+def test_reg_write_waits_for_action_and_broadcast_action_applies_it(emu):
+    import scservo_sdk as scs
+
+    bus = connect(emu.port)
+    bus.enable_torque()
+    reg = ct.STS3215["Acceleration"]
+    for sid in (1, 2):
+        bus.packets.regWriteTxRx(bus.port, sid, reg.address, 1, [100])
+    assert bus.read("Acceleration", 1) == 254                 # registered, not yet applied
+    bus.packets.action(bus.port, scs.BROADCAST_ID)
+    assert bus.read("Acceleration", 1) == 100 and bus.read("Acceleration", 2) == 100
 
 
 def test_unplugged_port_raises_and_torque_off_does_not(emu):
