@@ -39,6 +39,7 @@ bench: setup
 	$(PY) benchmarks/env_throughput.py
 	$(PY) benchmarks/ppo_vs_rsl_rl.py
 	$(PY) benchmarks/policy_latency.py
+	$(PY) benchmarks/control_tick.py $(RUN)/policy.onnx
 
 servo-fit: setup
 	$(VENV)/bin/soarm servo-fit

@@ -42,7 +42,7 @@ class Rig:
 
     def __init__(self, policy: Path, faults: FaultCfg | None = None, rate: float = 100.0):
         self.robot = load_robot()
-        self.emu = ServoBusEmulator(seed=1).start()
+        self.emu = ServoBusEmulator(seed=1, compile=True).start()
         ids = {n: i + 1 for i, n in enumerate(self.robot.names)}
         self.bus = FeetechBus(self.emu.port, ids)
         self.bus.connect()

@@ -111,7 +111,7 @@ def _emulate(args) -> int:
 
     faults = FaultCfg(drop=args.drop, late=args.late, corrupt=args.corrupt, error_bits=args.error_bits,
                       silent_ids=tuple(args.silent), seed=args.seed)
-    with ServoBusEmulator(faults=faults, seed=args.seed) as emu:
+    with ServoBusEmulator(faults=faults, seed=args.seed, compile=True) as emu:
         print(f"SO-101 servo bus (ids 1-6, STS3215, 1 Mbaud) on {emu.port}; Ctrl-C to stop", flush=True)
         try:
             while True:
