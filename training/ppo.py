@@ -235,14 +235,15 @@ class PPO:
         """Compile now, on the empty buffers, so a backend failure shows at start-up and
         falls back to eager instead of failing mid-run."""
         try:
-            obs = torch.zeros(self.storage.N, self.model.obs_dim, device=self.device)
-            self._act(obs, torch.zeros(self.storage.N, self.model.action_dim, device=self.device))
             s = self.storage
+            with torch.no_grad():       # as in the rollout: grad mode is part of the compiled guard
+                obs = torch.zeros(s.N, self.model.obs_dim, device=self.device)
+                self._act(obs, torch.zeros(s.N, self.model.action_dim, device=self.device))
+                self._gae(s.rewards, s.values, s.dones, s.values[0], self.cfg.gamma, self.cfg.lam)
             idx = torch.arange(self.minibatch, device=self.device)
             loss, _ = self._loss(idx, s.flat("obs"), s.flat("actions"), s.flat("log_probs"), s.flat("means"),
                                  self.old_log_std, s.flat("advantages"), s.flat("returns"), s.flat("values"))
             loss.backward()
-            self._gae(s.rewards, s.values, s.dones, s.values[0], self.cfg.gamma, self.cfg.lam)
         except Exception as e:  # noqa: BLE001 - a compiler/toolchain failure: run eagerly
             print(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:120]}); running eagerly")
             self._act, self._loss, self._gae = self._act_eager, self._loss_eager, gae

@@ -31,7 +31,7 @@ from soarm.training.ppo import PPO, PPOCfg
 @dataclass
 class RunCfg:
     num_envs: int = 4096                 # per process
-    iterations: int = 500
+    iterations: int = 400
     seed: int = 0
     device: str = "cpu"
     threads: int = 0                     # torch CPU threads; 0 = one per core
