@@ -82,7 +82,8 @@ class ArmSim:
         try:
             fn = torch.compile(self._substep, dynamic=False)
             state = (self.q, self.qd, self.firmware.target, self.firmware.target_vel, self.firmware.integral)
-            fn()   # compile now, on a copy of the state, so failures surface here
+            with torch.no_grad():   # compile now, as it will run (grad mode is guarded), so failures surface here
+                fn()
             self.q, self.qd, self.firmware.target, self.firmware.target_vel, self.firmware.integral = state
         except Exception as e:  # noqa: BLE001 - any backend failure means: stay eager
             print(f"torch.compile unavailable ({type(e).__name__}); physics runs eagerly")
