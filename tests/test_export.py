@@ -145,3 +145,13 @@ def test_cli_evaluate_refuses_a_bad_file(tmp_path, capsys):
     assert cli.main(["evaluate", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "broken.onnx" in err
+
+
+def test_export_fails_above_the_parity_tolerance_and_writes_nothing(exported, monkeypatch, tmp_path):
+    from soarm.export import exporter
+
+    root, _ = exported
+    monkeypatch.setattr(exporter, "TOLERANCE", 0.0)
+    with pytest.raises(ValueError, match="torch vs onnxruntime differ by .* nothing written"):
+        exporter.export(root / "run", tmp_path / "p.onnx", verify_count=256)
+    assert not any(tmp_path.iterdir())
