@@ -172,8 +172,8 @@ class Runner:
             stats = ppo.update()
             self.model.normalizer.update(ppo.storage.obs, self.dist.group)
             timer.mark()
-            row = self._summarize(it, stats, timer.laps(), steps_per_iter)
             self.elapsed += time.perf_counter() - t_start
+            row = self._summarize(it, stats, timer.laps(), steps_per_iter)
             self.iteration = it + 1
             if self.dist.main:
                 self._log(row)
