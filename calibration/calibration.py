@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from soarm.config import ConfigError
+from soarm.files import atomic_write
 
 MIDDLE = 2047
 TICKS = 4096
@@ -82,11 +82,8 @@ def load(path: str | Path, motors: list[str] | None = None) -> dict[str, MotorCa
 
 
 def save(cal: dict[str, MotorCalibration], path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({k: asdict(v) for k, v in cal.items()}, indent=4) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps({k: asdict(v) for k, v in cal.items()}, indent=4) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 # ------------------------------------------------------------------ on the arm

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import warnings
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from soarm import contract
 from soarm.description import load_robot
 from soarm.training import checkpoint
 from soarm.training.env import ReachEnv
+from soarm.files import atomic_write
 
 OPSET = 18
 TOLERANCE = 1e-5
@@ -117,10 +117,6 @@ def export(source: str | Path, out: str | Path, verify_count: int = 10_000) -> d
         raise ValueError(f"export: torch vs onnxruntime differ by {err:.2e} > {TOLERANCE:.0e} "
                          f"on {len(obs)} observations; nothing written")
     data = with_metadata(raw, {contract.METADATA_KEY: json.dumps(terms), "soarm.schema": str(contract.SCHEMA)})
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
+    out = atomic_write(out, lambda tmp: tmp.write_bytes(data))
     return {"path": str(out), "bytes": len(data), "parity_max_abs": err, "observations": len(obs),
             "checkpoint": state["path"], "iteration": state["iteration"]}

@@ -8,7 +8,6 @@ A checkpoint is a plain dict of tensors and built-in types (loaded with
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 from soarm import config
 from soarm.reach import ACTION_DIM, OBS_DIM, ReachCfg
 from soarm.training.modules import ActorCritic, PolicyCfg
+from soarm.files import atomic_write
 
 FORMAT = "soarm-ppo/1"
 _NAME = re.compile(r"model_(\d+)\.pt$")
@@ -27,12 +27,8 @@ class CheckpointError(ValueError):
 
 
 def save(state: dict, path: str | Path) -> None:
-    """Write to a temporary file beside `path`, then rename: a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    """Atomic: a crash never leaves half a checkpoint."""
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def resolve(path: str | Path) -> Path:

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from soarm.reach import ReachCfg
 from soarm.training.env import ReachEnv
+from soarm.files import atomic_write
 
 Policy = Callable[[torch.Tensor], torch.Tensor]
 
@@ -44,11 +45,7 @@ def evaluate(policy: Policy, cfg: ReachCfg, targets: int = 256, num_envs: int = 
 
 def write_report(result: dict, path: str | Path) -> None:
     """Atomic JSON write: a reader never sees half a report."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(path)
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(result, indent=2) + "\n"))
 
 
 def summary(result: dict) -> str:

@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from soarm.files import atomic_write  # noqa: E402
+
 PANELS = (
     ("task/fingertip_error", "fingertip error at window end (mm)", 1000.0, True),
     ("task/success_1cm", "success @ 1 cm (%)", 100.0, False),
@@ -34,8 +36,5 @@ def plot_training(rows: list[dict], path: str | Path) -> None:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     plt.close(fig)
-    tmp.replace(path)

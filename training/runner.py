@@ -26,6 +26,7 @@ from soarm.training import checkpoint
 from soarm.training.env import ReachEnv
 from soarm.training.modules import ActorCritic, PolicyCfg
 from soarm.training.ppo import PPO, PPOCfg
+from soarm.files import atomic_write
 
 
 @dataclass
@@ -264,9 +265,7 @@ class Runner:
         # A resumed run continues the curves from its checkpoint: drop rows logged after it.
         if self.metrics.exists():
             rows = [r for r in read_metrics(self.metrics) if r["iteration"] < self.iteration]
-            tmp = self.metrics.with_name("metrics.jsonl.tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-            os.replace(tmp, self.metrics)
+            atomic_write(self.metrics, lambda tmp: tmp.write_text("".join(json.dumps(r) + "\n" for r in rows)))
         self.writer = SummaryWriter(str(self.run_dir), purge_step=self.iteration or None)
 
     def _log(self, row: dict) -> None:

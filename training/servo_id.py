@@ -25,6 +25,7 @@ import torch
 from soarm.config import ConfigError
 from soarm.dynamics import GRAVITY
 from soarm.servo import ServoParams, ServoRegisters, ServoState, integrate, quantize, servo_torque
+from soarm.files import atomic_write
 
 SUBSTEP = 0.002   # s, integration step inside each logged interval
 
@@ -182,13 +183,11 @@ def compare(logs: list[BenchLog], fits: dict[str, dict[str, float]]) -> list[dic
 def save_fit(fits: dict[str, dict[str, float]], logs: list[str], path: str | Path) -> None:
     import yaml
 
-    path = Path(path)
     doc = {"fitted_on": logs, "substep_s": SUBSTEP, **{k: {n: float(f"{v:.6g}") for n, v in fit.items()}
                                                        for k, fit in fits.items()}}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("# Written by `soarm servo-fit`: the servo model and the fitted PD baseline.\n"
-                   + yaml.safe_dump(doc, sort_keys=False))
-    tmp.replace(path)
+    text = "# Written by `soarm servo-fit`: the servo model and the fitted PD baseline.\n" + yaml.safe_dump(
+        doc, sort_keys=False)
+    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def load_fit(path: str | Path) -> dict[str, dict[str, float]]:
