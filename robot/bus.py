@@ -97,6 +97,7 @@ class FeetechBus:
             out, ok = self._call(self.packets.readTxRx, self.port, sid, reg.address, reg.size)
             if ok and len(out[0]) == reg.size:
                 return ct.from_bytes(reg, out[0])
+            self._settle()
         raise BusError(f"{self.port_name}: reading {register} from servo {sid} ({self.names[sid]}) failed")
 
     def write(self, register: str, sid: int, value: int, tries: int = 3) -> None:
@@ -105,6 +106,7 @@ class FeetechBus:
         for _ in range(tries):
             if self._call(self.packets.writeTxRx, self.port, sid, reg.address, reg.size, data)[1]:
                 return
+            self._settle()
         raise BusError(f"{self.port_name}: writing {register} to servo {sid} ({self.names[sid]}) failed")
 
     def sync_read(self, register: str, ids: list[int] | None = None, tries: int = 1) -> dict[int, int]:
@@ -215,6 +217,14 @@ class FeetechBus:
         if result != 0:
             self._recover()
         return out, result == 0
+
+    def _settle(self, seconds: float = 0.05) -> None:
+        """Before retrying a register access: let a late reply to the failed attempt arrive,
+        then drop it; otherwise it answers the retry, and the retry's own reply answers the
+        next read (same servo, same length: nothing in the protocol tells them apart). Not
+        used in the control tick, where a failed read is the watchdog's business."""
+        time.sleep(seconds)
+        self._recover()
 
     def _recover(self) -> None:
         # A late reply still in the buffer would be taken as the answer to the next request.
