@@ -185,7 +185,7 @@ class FeetechBus:
                 try:
                     done = self._call(self.packets.write1ByteTxRx, self.port, sid,
                                       ct.STS3215["Torque_Enable"].address, 0)[1]
-                except BusError:
+                except Exception:  # noqa: BLE001 - whatever the port does, this must not raise
                     done = False
                 if done:
                     break
@@ -197,15 +197,18 @@ class FeetechBus:
     def _call(self, fn, *args) -> tuple[object, bool]:
         """One SDK transaction on a clean input buffer: (what the SDK returned, success).
         A failed or garbled transaction resets the port; a dead port raises BusError."""
+        import termios
+
         import serial
 
         try:
             # A late reply to an earlier request must not pass for this request's answer.
             self.port.ser.reset_input_buffer()
             out = fn(*args)
-        except (OSError, serial.SerialException) as e:        # unplugged adapter
+        except (OSError, serial.SerialException, termios.error) as e:   # unplugged adapter, dead pty
             self._recover()
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            why = (os.strerror(e.args[0]) if isinstance(e, termios.error) and e.args
+                   else str(e).splitlines()[0] if str(e) else type(e).__name__)
             raise BusError(f"{self.port_name}: port failed ({why})") from None
         except (IndexError, TypeError, ValueError):
             # The SDK indexes replies without checking their length: a stale or short
