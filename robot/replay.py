@@ -32,16 +32,18 @@ def replay(header: dict, ticks: list[dict], runtime: PolicyRuntime, where: str =
     if arm != list(runtime.contract["joint_names"]):
         raise LogError(f"{where}: logged joints {arm} differ from the policy's {runtime.contract['joint_names']}")
     cal = {n: MotorCalibration(**c) for n, c in header["calibration"].items()}
-    idx = robot.arm_index
-    safety = SafetyLayer(SafetyCfg(**header.get("safety", {})), robot.lower[idx], robot.upper[idx])
+    safety = SafetyLayer.for_arm(SafetyCfg(**header.get("safety", {})), robot, cal)
     step = PolicyStep(runtime, safety, header["rate_hz"], np.asarray(header["start_q"], dtype=np.float32))
     t, recorded, recomputed, diffs = [], [], [], []
+    events_differing = 0
     for tick in ticks:
         raw = tick["raw"]
         q = None if raw is None else np.array([ticks_to_rad(cal[n], raw[str(cal[n].id)]) for n in arm],
                                               dtype=np.float32)
-        r = step(q, np.asarray(tick["target"], dtype=np.float32))
+        target = tick["target"]
+        r = step(q, None if target is None else np.asarray(target, dtype=np.float32))
         a, b = tick["goal_sent"], r.decision.goal
+        events_differing += int("events" in tick and tick["events"] != r.decision.events)
         t.append(tick["t"])
         recorded.append(np.full(len(arm), np.nan) if a is None else np.asarray(a))
         recomputed.append(np.full(len(arm), np.nan) if b is None else np.asarray(b))
@@ -53,7 +55,8 @@ def replay(header: dict, ticks: list[dict], runtime: PolicyRuntime, where: str =
     differ = np.flatnonzero(d > TOLERANCE)
     return {
         "ticks": len(ticks), "max_abs_diff_rad": float(d[np.isfinite(d)].max()) if np.isfinite(d).any() else 0.0,
-        "ticks_differing": int(len(differ)), "first_difference_tick": int(differ[0]) if len(differ) else None,
+        "ticks_differing": int(len(differ)),
+        "events_differing": events_differing, "first_difference_tick": int(differ[0]) if len(differ) else None,
         "tolerance_rad": TOLERANCE, "source": header.get("source"),
         "_series": (np.asarray(t), np.asarray(recorded), np.asarray(recomputed), d, arm),
     }

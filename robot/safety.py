@@ -2,8 +2,9 @@
 
 Pure and bus-free (the control loop feeds it and obeys it), so every rule is tested exactly:
 - NaN/inf goals are rejected (hold the last safe goal);
-- goals are clamped to the joint limits: the calibrated range intersected with the robot
-  description's limits, minus a margin;
+- goals are clamped to the joint limits: the robot description's limits (the ones training
+  clipped its goals to, so a trained policy never meets this clamp) intersected with the
+  calibrated range minus a margin (the hard stops, where a servo would stall);
 - the change per tick is capped (a rate limit on the goal);
 - a joint measured faster than the velocity cap makes the arm hold where it is (the goal
   moving there at the rate limit);
@@ -49,10 +50,15 @@ class Decision:
 
 
 class SafetyLayer:
-    def __init__(self, cfg: SafetyCfg, lower, upper):
+    def __init__(self, cfg: SafetyCfg, lower, upper, stops=None):
+        """lower/upper: the model's joint limits (rad). stops: (lower, upper) of the arm's
+        calibrated range (rad), kept clear by cfg.margin; None takes the model's limits as
+        the stops."""
         self.cfg = cfg
-        self.lower = np.asarray(lower, dtype=float) + cfg.margin
-        self.upper = np.asarray(upper, dtype=float) - cfg.margin
+        lower, upper = np.asarray(lower, dtype=float), np.asarray(upper, dtype=float)
+        s_lo, s_hi = (lower, upper) if stops is None else (np.asarray(stops[0], float), np.asarray(stops[1], float))
+        self.lower = np.maximum(lower, s_lo + cfg.margin)
+        self.upper = np.minimum(upper, s_hi - cfg.margin)
         if not (self.lower < self.upper).all():
             raise ValueError("safety: the margin leaves no room inside the joint limits")
         self.last: np.ndarray | None = None
@@ -60,6 +66,17 @@ class SafetyLayer:
         self.tripped: str | None = None
         self.counters: dict[str, int] = {}
         self.events: deque[str] = deque(maxlen=1000)          # the latest, for logs
+
+    @classmethod
+    def for_arm(cls, cfg: SafetyCfg, robot, cal: dict) -> "SafetyLayer":
+        """The arm joints' limits: the robot description's, within the calibrated range."""
+        from soarm.calibration.calibration import ticks_to_rad
+
+        arm = list(robot.arm_joints)
+        ends = np.array([[ticks_to_rad(cal[n], cal[n].range_min), ticks_to_rad(cal[n], cal[n].range_max)]
+                         for n in arm])
+        idx = robot.arm_index
+        return cls(cfg, robot.lower[idx], robot.upper[idx], (ends.min(1), ends.max(1)))
 
     def reset(self, measured) -> None:
         """Start from the measured pose (after Goal := Present and torque on)."""

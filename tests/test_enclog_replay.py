@@ -27,9 +27,7 @@ def recorded(tmp_path_factory, tiny_policy):
         bus = FeetechBus(emu.port, {n: i + 1 for i, n in enumerate(robot.names)})
         bus.connect()
         cal = calibrate_emulated(emu, bus, robot)
-        idx = robot.arm_index
-        loop = ControlLoop(bus, PolicyRuntime(tiny_policy), cal, SafetyLayer(SafetyCfg(), robot.lower[idx],
-                                                                             robot.upper[idx]),
+        loop = ControlLoop(bus, PolicyRuntime(tiny_policy), cal, SafetyLayer.for_arm(SafetyCfg(), robot, cal),
                            target=lambda: np.array([0.2, 0.05, 0.12], dtype=np.float32))
         loop.start()
         writer = EncoderLogWriter(path, loop.log_header())

@@ -24,8 +24,7 @@ def arm(robot, tiny_policy):
         bus.connect()
         cal = calibrate_emulated(emu, bus, robot)
         rt = PolicyRuntime(tiny_policy)
-        idx = robot.arm_index
-        safety = SafetyLayer(SafetyCfg(), robot.lower[idx], robot.upper[idx])
+        safety = SafetyLayer.for_arm(SafetyCfg(), robot, cal)
         yield emu, bus, cal, rt, safety
 
 

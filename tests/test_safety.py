@@ -16,6 +16,26 @@ def layer():
     return s
 
 
+def test_limits_are_the_models_within_the_calibrated_stops(robot):
+    from soarm.calibration.calibration import MotorCalibration, rad_to_ticks
+
+    idx = robot.arm_index
+    lo, hi = robot.lower[idx], robot.upper[idx]
+    # wrist_roll calibrated as a full turn (far wider than the model); shoulder_pan's stops
+    # 0.01 rad inside the model's limits; drive_mode 1 (reversed ticks) on elbow_flex.
+    cal = {}
+    for k, n in enumerate(robot.arm_joints):
+        c = MotorCalibration(k + 1, int(n == "elbow_flex"), 0, 0, 4095)
+        ends = (lo[k] + 0.01, hi[k] - 0.01) if n == "shoulder_pan" else (lo[k] - 0.2, hi[k] + 0.2)
+        ticks = sorted(rad_to_ticks(c, e) for e in ends)
+        cal[n] = c if n == "wrist_roll" else MotorCalibration(k + 1, c.drive_mode, 0, *ticks)
+    s = SafetyLayer.for_arm(SafetyCfg(margin=0.03), robot, cal)
+    pan = list(robot.arm_joints).index("shoulder_pan")
+    expect_lo, expect_hi = lo.copy(), hi.copy()
+    expect_lo[pan], expect_hi[pan] = lo[pan] + 0.04, hi[pan] - 0.04
+    assert s.lower == pytest.approx(expect_lo, abs=2e-3) and s.upper == pytest.approx(expect_hi, abs=2e-3)
+
+
 def step(s, goal, fresh=True, policy=True, velocity=(0.0, 0.0)):
     return s.filter(np.array(goal), np.zeros(2), fresh, policy, 1 / 30, velocity=np.array(velocity))
 
