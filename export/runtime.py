@@ -24,7 +24,7 @@ import torch
 from soarm import contract
 from soarm.description import RobotDescription, load_robot
 from soarm.dynamics import ArmDynamics
-from soarm.reach import OBS_TERMS, action_to_goal, observe
+from soarm.reach import OBS_TERMS, CommandCfg, action_to_goal, in_region, observe
 
 
 class PolicyError(ValueError):
@@ -79,7 +79,27 @@ class PolicyRuntime:
                               f"got {[(o.name, o.shape) for o in outputs]}")
         action = self.contract["action"]
         self.scale, self.clip, self.control_hz = action["scale"], action["clip"], self.contract["control_hz"]
+        ws = self.contract["workspace"]
+        self.frame = ws["frame"]
+        self.workspace = CommandCfg(radius=tuple(ws["radius"]), height=tuple(ws["height"]),
+                                    max_bearing=ws["max_bearing"])
         self.dyn = ArmDynamics(self.robot)
+
+    def check_target(self, target, frame: str | None = None) -> np.ndarray:
+        """The target as float32[3] if the policy may be given it; else PolicyError (one line):
+        another frame than the robot base, not finite, or outside the workspace it was
+        trained on (the policy's behaviour there is unknown)."""
+        if frame is not None and frame != self.frame:
+            raise PolicyError(f"target in frame '{frame}', expected the robot base frame '{self.frame}'")
+        t = np.asarray(target, dtype=np.float32).reshape(-1)
+        if t.shape != (3,) or not np.isfinite(t).all():
+            raise PolicyError(f"target {t.tolist()} is not a finite 3-D point")
+        if not bool(in_region(torch.from_numpy(t)[None], self.workspace)[0]):
+            ws = self.workspace
+            raise PolicyError(f"target {[round(float(x), 3) for x in t]} m is outside the trained workspace "
+                              f"(radius {list(ws.radius)} m, height {list(ws.height)} m, "
+                              f"bearing <= {ws.max_bearing} rad)")
+        return t
 
     # ------------------------------------------------------------ the contract
     def observe(self, q, q_prev, goal, target, last_action) -> np.ndarray:

@@ -51,6 +51,9 @@ def build(task: ReachCfg, robot: RobotDescription, training: dict) -> dict:
                          "upper": [float(robot.upper[i]) for i in idx]},
         "gripper": {"joint": robot.gripper_joint, "hold": float(robot.gripper_hold)},
         "control_hz": task.control_hz,
+        # Where targets were drawn in training: the robot rejects targets outside it.
+        "workspace": {"frame": robot.base_link, "radius": list(task.command.radius),
+                      "height": list(task.command.height), "max_bearing": task.command.max_bearing},
         "encoder": {"ticks_per_rev": TICKS_PER_REV, "rad_per_tick": TICK},
         "velocity_estimate": "(q_t - q_{t-1}) * control_hz from consecutive encoder readings, rad/s; "
                              "zero on the first tick",
@@ -91,6 +94,11 @@ def check(contract: dict, robot: RobotDescription, where: str) -> dict:
              f"joint_limits.{side} {theirs} differ from the robot description's {list(map(float, ours))}")
     hz = contract.get("control_hz")
     need(isinstance(hz, (int, float)) and 1 <= hz <= 1000, f"control_hz {hz!r}")
+    ws = contract.get("workspace", {})
+    need(isinstance(ws, dict) and ws.get("frame") == robot.base_link
+         and all(isinstance(ws.get(k), list) and len(ws[k]) == 2 for k in ("radius", "height"))
+         and isinstance(ws.get("max_bearing"), (int, float)),
+         f"workspace {ws!r} (needs frame '{robot.base_link}', radius, height, max_bearing)")
     enc = contract.get("encoder", {})
     need(enc.get("ticks_per_rev") == TICKS_PER_REV, f"encoder ticks_per_rev {enc.get('ticks_per_rev')!r}")
     return contract

@@ -44,6 +44,7 @@ class RobotDescription:
     fingertip_body: int                # joint index whose child body carries the fingertip
     fingertip_xyz: np.ndarray          # fingertip origin in that body's frame
     home: np.ndarray                   # default arm pose, arm_joints order
+    base_link: str                     # the URDF root link: the frame targets are given in
 
     @property
     def names(self) -> list[str]:
@@ -93,7 +94,7 @@ def load_robot(path: str | Path = DEFAULT_ROBOT) -> RobotDescription:
     if unknown:
         raise ConfigError(f"{path}: unknown key '{unknown[0]}'")
     urdf = path.parent / meta["urdf"]
-    joints, fixed = _parse_urdf(urdf)
+    joints, fixed, base = _parse_urdf(urdf)
 
     names = [j.name for j in joints]
     for n in list(meta["arm_joints"]) + [meta["gripper_joint"]]:
@@ -114,6 +115,7 @@ def load_robot(path: str | Path = DEFAULT_ROBOT) -> RobotDescription:
         fingertip_body=names.index(body),
         fingertip_xyz=xyz,
         home=home,
+        base_link=base,
     )
 
 
@@ -130,7 +132,7 @@ def _floats(elem: ET.Element | None, attr: str, n: int, where: str, default: str
     return np.array(values)
 
 
-def _parse_urdf(path: Path) -> tuple[list[Joint], dict[str, tuple[str, np.ndarray]]]:
+def _parse_urdf(path: Path) -> tuple[list[Joint], dict[str, tuple[str, np.ndarray]], str]:
     """Revolute joints in tree order, and fixed child links as (owning joint, xyz)."""
     try:
         root = ET.parse(path).getroot()
@@ -194,7 +196,8 @@ def _parse_urdf(path: Path) -> tuple[list[Joint], dict[str, tuple[str, np.ndarra
     roots = base_links - child_links
     if len(roots) != 1:
         raise ConfigError(f"{path.name}: expected one root link, found {sorted(roots)}")
-    owner = {roots.pop(): -1}   # link -> index of the joint that moves it
+    base = roots.pop()
+    owner = {base: -1}          # link -> index of the joint that moves it
     joints: list[Joint] = []
     pending = list(revolute)
     while pending:
@@ -212,4 +215,4 @@ def _parse_urdf(path: Path) -> tuple[list[Joint], dict[str, tuple[str, np.ndarra
         if plink not in owner or owner[plink] < 0:
             raise ConfigError(f"{path.name}: fixed link '{clink}' must hang from a moving link")
         fixed[clink] = (joints[owner[plink]].name, xyz)
-    return joints, fixed
+    return joints, fixed, base
