@@ -3,6 +3,9 @@
     python benchmarks/control_tick.py [runs/reach/latest/policy.onnx] [--ticks 10000]
         [--sustain 60] [--campaign 10000]
 
+Latency and the sustained run talk to `soarm emulate` in a process of its own (as the real
+arm is to the host); the campaign injects its faults into an in-process emulator.
+
 1. Tick latency: sync read of 6 servos + observation + inference + safety + sync write,
    as fast as it goes, `--ticks` times: p50/p99/max.
 2. Sustained: the loop at 100 Hz for `--sustain` seconds: overruns.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,53 +30,70 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from soarm import REPO_ROOT  # noqa: E402
-from soarm.calibration.calibration import calibrate_emulated  # noqa: E402
+from soarm.calibration import calibration  # noqa: E402
 from soarm.description import load_robot  # noqa: E402
 from soarm.export.runtime import PolicyRuntime  # noqa: E402
 from soarm.robot.bus import FeetechBus  # noqa: E402
-from soarm.robot.emulator import FaultCfg, ServoBusEmulator  # noqa: E402
+from soarm.robot.emulator import EmulatorProcess, FaultCfg, ServoBusEmulator  # noqa: E402
 from soarm.robot.loop import ControlLoop  # noqa: E402
 from soarm.robot.safety import SafetyCfg, SafetyLayer  # noqa: E402
 
 TARGET = np.array([0.22, 0.05, 0.15], dtype=np.float32)
 
 
-class Rig:
-    """Emulator + bus + calibration + loop, with every goal written checked against the limits."""
+class Checker:
+    """Receives every tick as a recorder would, and counts goals sent outside the limits or
+    changed by more than the per-tick cap."""
 
-    def __init__(self, policy: Path, faults: FaultCfg | None = None, rate: float = 100.0):
+    def __init__(self, safety: SafetyLayer, q0: np.ndarray):
+        self.lo, self.hi, self.cap = safety.lower, safety.upper, safety.cfg.max_step
+        self.last = np.asarray(q0, dtype=float)
+        self.outside = self.too_fast = 0
+
+    def write(self, tick: dict) -> None:
+        if tick["goal_sent"] is None:
+            return
+        goal = np.asarray(tick["goal_sent"])
+        self.outside += int(((goal < self.lo - 1e-6) | (goal > self.hi + 1e-6)).any())
+        self.too_fast += int((np.abs(goal - self.last) > self.cap + 1e-6).any())
+        self.last = goal
+
+
+class Rig:
+    """Emulator + bus + calibration + loop. `process=True` runs the emulator as a process of
+    its own (`soarm emulate`), as the arm is to the host: for timing. In-process (the
+    default) it can inject faults at run time: for the campaign."""
+
+    def __init__(self, policy: Path, faults: FaultCfg | None = None, rate: float = 100.0, process: bool = False):
         self.robot = load_robot()
-        self.emu = ServoBusEmulator(seed=1, compile=True).start()
         ids = {n: i + 1 for i, n in enumerate(self.robot.names)}
-        self.bus = FeetechBus(self.emu.port, ids)
-        self.bus.connect()
-        self.cal = calibrate_emulated(self.emu, self.bus, self.robot)
-        idx = self.robot.arm_index
-        self.cfg = SafetyCfg()
-        self.safety = SafetyLayer(self.cfg, self.robot.lower[idx], self.robot.upper[idx])
+        if process:
+            self.tmp = tempfile.TemporaryDirectory()
+            self.emu = EmulatorProcess(Path(self.tmp.name) / "calibration.json", seed=1)
+            self.bus = FeetechBus(self.emu.port, ids)
+            self.bus.connect()
+            self.cal = calibration.load(self.emu.calibration)
+        else:
+            self.emu = ServoBusEmulator(seed=1, compile=True).start()
+            self.bus = FeetechBus(self.emu.port, ids)
+            self.bus.connect()
+            self.cal = calibration.calibrate_emulated(self.emu, self.bus, self.robot)
+        self.safety = SafetyLayer.for_arm(SafetyCfg(), self.robot, self.cal)
         self.loop = ControlLoop(self.bus, PolicyRuntime(policy), self.cal, self.safety, lambda: TARGET,
                                 rate_hz=rate)
         self.loop.start()
-        self.last = self.loop.step.goal.copy()
-        self.emu.faults = faults or FaultCfg()
-        self.outside = self.too_fast = 0
-        self.lo, self.hi = self.safety.lower, self.safety.upper
-        write = self.loop._write
-
-        def checked(goal):
-            self.outside += int(((goal < self.lo - 1e-9) | (goal > self.hi + 1e-9)).any())
-            self.too_fast += int((np.abs(goal - self.last) > self.cfg.max_step + 1e-6).any())
-            self.last = goal.copy()
-            write(goal)
-        self.loop._write = checked
+        self.check = self.loop.recorder = Checker(self.safety, self.loop.step.goal)
+        if faults is not None:
+            self.emu.faults = faults
 
     def close(self):
         self.loop.shutdown()
+        self.bus.close()
         self.emu.stop()
 
 
 def latency(policy: Path, ticks: int) -> dict:
-    rig = Rig(policy)
+    rig = Rig(policy, process=True)
     d = []
     for _ in range(ticks):
         t0 = time.perf_counter()
@@ -85,7 +106,7 @@ def latency(policy: Path, ticks: int) -> dict:
 
 
 def sustained(policy: Path, seconds: float) -> dict:
-    rig = Rig(policy, rate=100.0)
+    rig = Rig(policy, rate=100.0, process=True)
     stats = rig.loop.run(seconds=seconds)
     rig.close()
     return {"rate_hz": 100.0, "seconds": seconds, **stats}
@@ -124,8 +145,8 @@ def campaign(policy: Path, ticks: int) -> dict:
         out[name] = {
             "rate": rate, "ticks": k + 1, "faults_injected": _injected(rig, name, s),
             "failed_ticks_recovered_from": recovered,
-            "read_failures": s.read_failures, "commands_outside_limits": rig.outside,
-            "changes_above_cap": rig.too_fast, "tripped": rig.safety.tripped,
+            "read_failures": s.read_failures, "commands_outside_limits": rig.check.outside,
+            "changes_above_cap": rig.check.too_fast, "tripped": rig.safety.tripped,
             "fault_to_torque_off_ms": None if t_off is None or t_fault is None else (t_off - t_fault) * 1e3,
         }
         rig.close()
@@ -151,9 +172,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    # The emulator is a thread of this process and the SDK busy-polls the port, so the two
-    # hand the GIL back and forth on every reply: a short switch interval keeps that
-    # handoff from dominating (on the arm there is no emulator thread to hand it to).
+    # In the fault campaign the emulator is a thread of this process and the SDK busy-polls
+    # the port, so the two hand the GIL back and forth on every reply: a short switch
+    # interval keeps that handoff from dominating. Latency and the sustained run use an
+    # emulator process, as the arm is a device of its own.
     sys.setswitchinterval(args.switch_interval)
     result = {"policy": str(args.policy), "switch_interval_s": args.switch_interval}
     result["latency"] = latency(args.policy, args.ticks)

@@ -342,3 +342,69 @@ class ServoBusEmulator:
             self.counters["replies"] += 1
         except OSError:
             pass
+
+
+class EmulatorProcess:
+    """`soarm emulate` in a process of its own, calibrated, for tests and benchmarks. The
+    code under test then meets the bus as on the arm: a device driven by someone else,
+    not a thread of its own process competing for the GIL on every reply.
+
+        with EmulatorProcess(tmp / "cal.json") as emu:
+            FeetechBus(emu.port, ids) ...; emu.unplug(); emu.kill()
+    """
+
+    def __init__(self, calibration: str | os.PathLike, seed: int = 0, args: tuple[str, ...] = (),
+                 timeout: float = 180.0):
+        """args: more `soarm emulate` options, e.g. ("--no-compile",) or ("--drop", "0.02")."""
+        import queue
+        import subprocess
+        import sys
+
+        self.calibration = calibration
+        cmd = [sys.executable, "-m", "soarm.cli", "emulate", "--quiet", "--seed", str(seed),
+               "--calibrate", str(calibration), *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.output: list[str] = []
+        lines: queue.Queue = queue.Queue()
+
+        def drain():                          # keeps reading, so the pipe never fills up
+            for line in self.proc.stdout:
+                self.output.append(line.rstrip())
+                lines.put(line)
+            lines.put(None)
+        threading.Thread(target=drain, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.kill()
+                raise RuntimeError("emulator did not start: " + " | ".join(self.output[-5:]))
+            if "Ctrl-C" in line:
+                self.port = line.split(" on ", 1)[1].split()[0].rstrip(";")
+                return
+
+    def unplug(self) -> None:
+        import signal
+        self.proc.send_signal(signal.SIGUSR1)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        import subprocess
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def __enter__(self) -> "EmulatorProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -107,19 +107,54 @@ def _export(args) -> int:
 
 
 def _emulate(args) -> int:
+    import signal
+
     from soarm.robot.emulator import FaultCfg, ServoBusEmulator
 
     faults = FaultCfg(drop=args.drop, late=args.late, corrupt=args.corrupt, error_bits=args.error_bits,
                       silent_ids=tuple(args.silent), seed=args.seed)
-    with ServoBusEmulator(faults=faults, seed=args.seed, compile=True) as emu:
-        print(f"SO-101 servo bus (ids 1-6, STS3215, 1 Mbaud) on {emu.port}; Ctrl-C to stop", flush=True)
+    with ServoBusEmulator(faults=faults, seed=args.seed, compile=not args.no_compile) as emu:
+        if args.calibrate:
+            _self_calibrate(emu, args.calibrate)
+        port = emu.port
+        if args.link:
+            tmp = args.link.with_name(args.link.name + ".tmp")
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(emu.port)
+            tmp.replace(args.link)
+            port = f"{args.link} -> {emu.port}"
+        # SIGUSR1 pulls the adapter out (fault tests on a separate emulator process);
+        # SIGTERM ends the emulator like Ctrl-C.
+        signal.signal(signal.SIGUSR1, lambda *_: emu.unplug())
+        signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+        print(f"SO-101 servo bus (ids 1-6, STS3215, 1 Mbaud) on {port}; Ctrl-C to stop", flush=True)
         try:
             while True:
                 time.sleep(5)
-                print(f"  {emu.counters}", flush=True)
+                if not args.quiet:
+                    print(f"  {emu.counters}", flush=True)
         except KeyboardInterrupt:
             print(f"stopped; {emu.counters}")
+        finally:
+            if args.link:
+                args.link.unlink(missing_ok=True)
     return 0
+
+
+def _self_calibrate(emu, out: Path) -> None:
+    """The LeRobot procedure run against the emulated arm (operator's moves scripted), so
+    its servos hold homing offsets and limits and `out` is their calibration file."""
+    from soarm.calibration import calibration
+    from soarm.robot.bus import FeetechBus
+
+    bus = FeetechBus(emu.port, {n: i + 1 for i, n in enumerate(emu.robot.names)})
+    bus.connect()
+    try:
+        cal = calibration.calibrate_emulated(emu, bus, emu.robot)
+    finally:
+        bus.close()
+    calibration.save(cal, out)
+    print(f"calibrated the emulated arm: {out}", flush=True)
 
 
 def _calibrate(args) -> int:
@@ -168,7 +203,8 @@ def _replay(args) -> int:
     shown = {k: v for k, v in report.items() if not k.startswith("_")}
     print(f"replay of {args.log} ({shown['source']}) with {args.policy}: {shown['ticks_differing']} of "
           f"{shown['ticks']} ticks differ by more than {shown['tolerance_rad']:.0e} rad "
-          f"(max {shown['max_abs_diff_rad']:.2e} rad, first at tick {shown['first_difference_tick']})"
+          f"(max {shown['max_abs_diff_rad']:.2e} rad, first at tick {shown['first_difference_tick']}); "
+          f"clamp events differ on {shown['events_differing']} ticks"
           + (f"; plot {args.plot}" if args.plot else ""))
     return 0
 
@@ -255,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corrupt", type=float, default=0.0, help="probability of a bad checksum")
     p.add_argument("--error-bits", type=lambda x: int(x, 0), default=0, help="e.g. 0x20 (overload)")
     p.add_argument("--silent", type=int, nargs="*", default=[], help="servo ids that never answer")
+    p.add_argument("--calibrate", type=Path, default=None, metavar="FILE",
+                   help="calibrate the emulated arm first (scripted LeRobot procedure) and save FILE")
+    p.add_argument("--link", type=Path, default=None, help="symlink to the pty, e.g. /tmp/so101 (like socat)")
+    p.add_argument("--quiet", action="store_true", help="no packet counters every 5 s")
+    p.add_argument("--no-compile", action="store_true",
+                   help="step the physics eagerly: starts ~10 s sooner, each step slower")
     p.set_defaults(fn=_emulate)
 
     p = sub.add_parser("calibrate", help="LeRobot's SO-101 calibration on the arm")
