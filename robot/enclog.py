@@ -9,7 +9,7 @@ MCAP (mcap.dev, the `mcap` library; ROS 2 bags use it too) with one JSON channel
         t            s since start
         raw          {servo id: Present_Position ticks}, or null when the read failed
         q            arm joint angles (rad) decoded through the calibration, or null
-        target       commanded fingertip target (m)
+        target       commanded fingertip target (m), or null before the first (goal held)
         action       policy output, or null
         goal_policy  arm goal the policy asked for (rad), or null
         goal_sent    arm goal written after the safety layer (rad), or null (torque off)

@@ -13,6 +13,7 @@ watchdog or servo fault ends in torque off.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -31,7 +32,7 @@ class LoopStats:
     read_failures: int = 0
     write_failures: int = 0
     policy_errors: int = 0
-    durations_ms: list[float] = field(default_factory=list)
+    durations_ms: deque = field(default_factory=lambda: deque(maxlen=100_000))   # the latest ~1 h at 30 Hz
 
     def summary(self) -> dict:
         d = np.asarray(self.durations_ms) if self.durations_ms else np.zeros(1)
@@ -61,10 +62,17 @@ class PolicyStep:
         self.last_action = np.zeros(len(self.goal), dtype=np.float32)
 
     def __call__(self, q: np.ndarray | None, target, fault: str | None = None) -> StepResult:
-        """q: arm joint angles (rad) read this tick, or None when the read failed."""
+        """q: arm joint angles (rad) read this tick, or None when the read failed. target
+        None: nothing to reach for yet, so the current goal is held (through the clamps)."""
         fresh = q is not None
         q = self.q_prev if q is None else np.asarray(q, dtype=np.float32)
         goal, action = self.goal, None
+        if target is None:
+            decision = self.safety.filter(goal, q, fresh, True, self.dt, velocity=(q - self.q_prev) / self.dt)
+            if decision.goal is not None:
+                self.goal, self.q_prev = decision.goal.astype(np.float32), q
+                self.last_action = np.zeros_like(self.last_action)
+            return StepResult(decision, None, None, fault)
         if fresh:
             try:
                 obs = self.rt.observe(q, self.q_prev, self.goal, target, self.last_action)
@@ -79,6 +87,25 @@ class PolicyStep:
             self.last_action = action if decision.kind == COMMAND else np.zeros_like(self.last_action)
             self.q_prev = q
         return StepResult(decision, action, goal if action is not None else None, fault)
+
+
+class Ticker:
+    """A fixed-rate schedule. After an overrun it restarts from now rather than firing a
+    burst of late ticks to catch up (a late goal is worse than a skipped one)."""
+
+    def __init__(self, rate_hz: float):
+        self.period = 1.0 / rate_hz
+        self.next = time.perf_counter()
+
+    def wait(self) -> bool:
+        """Sleep until the next tick is due; True when this tick overran its period."""
+        self.next += self.period
+        delay = self.next - time.perf_counter()
+        if delay < 0:
+            self.next = time.perf_counter()
+            return True
+        time.sleep(delay)
+        return False
 
 
 class ControlLoop:
@@ -98,6 +125,8 @@ class ControlLoop:
         self.status_every = status_every
         self.stats = LoopStats()
         self.running = False
+        self.reading: dict[int, int] | None = None      # the latest raw encoder ticks per servo id
+        self.servo_status: dict = {}                     # servo id -> latest polled ServoStatus
 
     # -------------------------------------------------------------- start
     def start(self) -> None:
@@ -120,6 +149,7 @@ class ControlLoop:
 
     # --------------------------------------------------------------- tick
     def tick(self) -> str:
+        t0 = time.perf_counter()
         q, fault, target = None, None, self.target()
         try:
             raw = self.bus.sync_read("Present_Position")
@@ -127,14 +157,15 @@ class ControlLoop:
         except BusError as e:
             raw, fault = None, str(e)
             self.stats.read_failures += 1
+        self.reading = raw
         r = self.step(q, target, fault)
-        if q is not None and r.action is None:
+        if q is not None and target is not None and r.action is None:
             self.stats.policy_errors += 1
         d = r.decision
         if self.recorder is not None:
             self.recorder.write({
-                "t": time.perf_counter() - self.t0, "raw": raw, "q": None if q is None else q.tolist(),
-                "target": np.asarray(target, dtype=float).tolist(),
+                "t": t0 - self.t0, "raw": raw, "q": None if q is None else q.tolist(),
+                "target": None if target is None else np.asarray(target, dtype=float).tolist(),
                 "action": None if r.action is None else r.action.tolist(),
                 "goal_policy": None if r.goal_policy is None else r.goal_policy.tolist(),
                 "goal_sent": None if d.goal is None else d.goal.tolist(),
@@ -145,7 +176,8 @@ class ControlLoop:
         self._write(d.goal)
         self.stats.ticks += 1
         if self.stats.ticks % self.status_every == 0:
-            self._poll_status()
+            self.poll_status(self.stats.ticks // self.status_every)
+        self.stats.durations_ms.append((time.perf_counter() - t0) * 1e3)
         return d.kind
 
     def _write(self, arm_goal: np.ndarray) -> None:
@@ -156,14 +188,16 @@ class ControlLoop:
         except BusError:
             self.stats.write_failures += 1
 
-    def _poll_status(self) -> None:
+    def poll_status(self, k: int) -> None:
+        """Read the k-th servo's (round robin) status; a fault trips the safety layer."""
         names = self.arm + [self.gripper]
-        name = names[(self.stats.ticks // self.status_every) % len(names)]
+        sid = self.cal[names[k % len(names)]].id
         try:
-            st = self.bus.read_status(self.cal[name].id)
+            st = self.bus.read_status(sid)
         except BusError:
             return                       # a missed poll; the watchdog covers a dead bus
-        self.safety.status(self.cal[name].id, st.error_bits, st.temperature)
+        self.servo_status[sid] = st
+        self.safety.status(sid, st.error_bits, st.temperature)
 
     def _to_rad(self, ticks: dict[int, int]) -> np.ndarray:
         return np.array([ticks_to_rad(self.cal[n], ticks[self.cal[n].id]) for n in self.arm], dtype=np.float32)
@@ -172,23 +206,13 @@ class ControlLoop:
     def run(self, seconds: float | None = None, should_stop: Callable[[], bool] = lambda: False) -> dict:
         """Tick at the rate until `seconds`, `should_stop()` or a torque-off; always ends
         with torque off, also on an exception."""
-        period = 1.0 / self.rate
         t_end = None if seconds is None else time.perf_counter() + seconds
-        next_t = time.perf_counter()
+        ticker = Ticker(self.rate)
         try:
             while self.running and not should_stop() and (t_end is None or time.perf_counter() < t_end):
-                t0 = time.perf_counter()
                 if self.tick() == TORQUE_OFF:
                     break
-                took = time.perf_counter() - t0
-                self.stats.durations_ms.append(took * 1e3)
-                next_t += period
-                delay = next_t - time.perf_counter()
-                if delay < 0:
-                    self.stats.overruns += 1
-                    next_t = time.perf_counter()
-                else:
-                    time.sleep(delay)
+                self.stats.overruns += ticker.wait()
         finally:
             self.shutdown()
         return self.stats.summary()

@@ -26,10 +26,12 @@ class ReachEnv:
     _STATE = ("target", "action", "goal", "pending", "latent", "prev_meas", "step_count", "ep_return", "obs")
 
     def __init__(self, cfg: ReachCfg, num_envs: int, device: str = "cpu", seed: int = 0,
-                 robot: RobotDescription | None = None, check_actions: bool = True):
+                 robot: RobotDescription | None = None, check_actions: bool = True,
+                 targets: torch.Tensor | None = None):
         """`check_actions=False` skips the NaN check on every step (a host sync); the
         trainer checks its parameters and losses once per iteration instead, and a
-        non-finite state still terminates the episode."""
+        non-finite state still terminates the episode. `targets` [K, 3]: draw these in
+        order instead of random ones (evaluation on given targets)."""
         self.cfg, self.num_envs, self.check_actions = cfg, num_envs, check_actions
         self.device = torch.device(device)
         self.robot = robot or load_robot()
@@ -45,6 +47,9 @@ class ReachEnv:
         # Targets are drawn from a pool sampled once: a gather per step instead of forward
         # kinematics of fresh configurations for every environment.
         self.target_pool = sample_targets(self.dyn, cfg.command, max(65536, 4 * num_envs), self.gen)
+        self.fixed_targets = None if targets is None else torch.as_tensor(targets, dtype=torch.float32,
+                                                                          device=self.device)
+        self.drawn = 0
         kw = dict(device=self.device, dtype=torch.float32)
         N = num_envs
         self.target = torch.zeros(N, 3, **kw)
@@ -101,6 +106,10 @@ class ReachEnv:
             self.ep_terms[k] = torch.where(mask, 0.0, self.ep_terms[k])
 
     def _draw_targets(self) -> torch.Tensor:
+        if self.fixed_targets is not None:
+            idx = (self.drawn + torch.arange(self.num_envs, device=self.device)) % len(self.fixed_targets)
+            self.drawn += self.num_envs
+            return self.fixed_targets[idx]
         idx = torch.randint(0, len(self.target_pool), (self.num_envs,), generator=self.gen)
         return self.target_pool[idx.to(self.device)]
 

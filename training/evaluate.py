@@ -19,9 +19,10 @@ Policy = Callable[[torch.Tensor], torch.Tensor]
 
 
 def evaluate(policy: Policy, cfg: ReachCfg, targets: int = 256, num_envs: int = 64, seed: int = 1234,
-             progress: bool = True, device: str | torch.device = "cpu") -> dict:
-    """Fingertip error at the end of each target window, over `targets` windows."""
-    env = ReachEnv(cfg, num_envs, seed=seed, device=device)
+             progress: bool = True, device: str | torch.device = "cpu", fixed: torch.Tensor | None = None) -> dict:
+    """Fingertip error at the end of each target window, over `targets` windows; `fixed`
+    [K, 3]: these targets in order (with num_envs=1, one arm reaching for them in turn)."""
+    env = ReachEnv(cfg, num_envs, seed=seed, device=device, targets=fixed)
     obs = env.reset()
     errors: list[float] = []
     steps = math.ceil(targets / num_envs) * env.window + env.window
