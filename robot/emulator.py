@@ -4,7 +4,8 @@
         port = PortHandler(emu.port)          # scservo_sdk, exactly as on the real arm
 
 Protocol (Feetech SCS/STS v1): PING, READ, WRITE, REG_WRITE/ACTION, SYNC_READ (replies in
-list order), SYNC_WRITE, broadcast id 254; a control-table memory per servo
+list order), SYNC_WRITE, broadcast id 254; a servo whose Baud_Rate register differs from the
+line speed the host set on the port ignores what it hears; a control-table memory per servo
 (robot/control_table.py) with EEPROM write-protected while Lock = 1;
 Present_Position = (raw - Homing_Offset) mod 4096; Goal_Position clamped to the
 Min/Max_Position_Limit registers; Torque_Enable 0 lets the joint fall.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 import random
 import select
+import termios
 import threading
 import time
 import tty
@@ -37,6 +39,8 @@ from soarm.servo import TICK, ServoConfig
 from soarm.sim import ArmSim
 
 PING, READ, WRITE, REG_WRITE, ACTION, SYNC_READ, SYNC_WRITE = 1, 2, 3, 4, 5, 0x82, 0x83
+# Baud_Rate register value -> line speed (the STS3215 manual's table); 0 (1 Mbaud) from the factory.
+BAUD_RATES = {0: 1_000_000, 1: 500_000, 2: 250_000, 3: 128_000, 4: 115_200, 5: 76_800, 6: 57_600, 7: 38_400}
 BROADCAST = 0xFE
 _REST: dict = {}                   # settled power-on pose per (robot, dt), computed once
 
@@ -106,7 +110,8 @@ class ServoBusEmulator:
         self.master, self.slave = os.openpty()
         tty.setraw(self.master)
         self.port = os.ttyname(self.slave)
-        self.counters = {"packets": 0, "replies": 0, "dropped": 0, "late": 0, "corrupted": 0, "bad_checksum": 0}
+        self.counters = {"packets": 0, "replies": 0, "dropped": 0, "late": 0, "corrupted": 0, "bad_checksum": 0,
+                         "wrong_baud": 0}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -250,25 +255,38 @@ class ServoBusEmulator:
                 continue
             yield packet
 
+    def _hears(self, sid: int) -> bool:
+        """A servo set to another baud rate than the line's reads noise, not packets."""
+        code = self.servos[sid].get("Baud_Rate")
+        want = getattr(termios, f"B{BAUD_RATES.get(code, 0)}", None)
+        try:
+            line = termios.tcgetattr(self.master)[4]
+        except termios.error:
+            return False
+        return want is not None and line == want
+
     def _handle(self, packet: bytes) -> None:
         self.counters["packets"] += 1
         sid, inst, params = packet[2], packet[4], packet[5:-1]
+        if sid != BROADCAST and sid in self.servos and not self._hears(sid):
+            self.counters["wrong_baud"] += 1
+            return
         if inst == SYNC_WRITE:
             addr, n = params[0], params[1]
             for k in range(2, len(params), n + 1):
-                if params[k] in self.servos:
+                if params[k] in self.servos and self._hears(params[k]):
                     self._write(params[k], addr, params[k + 1:k + 1 + n])
             return
         if inst == SYNC_READ:
             addr, n = params[0], params[1]
             for target in params[2:]:
-                if target in self.servos:
+                if target in self.servos and self._hears(target):
                     self._reply(target, self._read(target, addr, n))
             return
         if inst == ACTION:
             for target in (self.servos if sid == BROADCAST else [sid]):
                 s = self.servos.get(target)
-                if s is not None and s.pending is not None:
+                if s is not None and s.pending is not None and self._hears(target):
                     self._write(target, *s.pending)
                     s.pending = None
             return

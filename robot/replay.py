@@ -35,7 +35,7 @@ def replay(header: dict, ticks: list[dict], runtime: PolicyRuntime, where: str =
     safety = SafetyLayer.for_arm(SafetyCfg(**header.get("safety", {})), robot, cal)
     step = PolicyStep(runtime, safety, header["rate_hz"], np.asarray(header["start_q"], dtype=np.float32))
     t, recorded, recomputed, diffs = [], [], [], []
-    events_differing = 0
+    events_differing, events = 0, {}
     for tick in ticks:
         raw = tick["raw"]
         q = None if raw is None else np.array([ticks_to_rad(cal[n], raw[str(cal[n].id)]) for n in arm],
@@ -44,6 +44,8 @@ def replay(header: dict, ticks: list[dict], runtime: PolicyRuntime, where: str =
         r = step(q, None if target is None else np.asarray(target, dtype=np.float32))
         a, b = tick["goal_sent"], r.decision.goal
         events_differing += int("events" in tick and tick["events"] != r.decision.events)
+        for e in r.decision.events:
+            events[e] = events.get(e, 0) + 1
         t.append(tick["t"])
         recorded.append(np.full(len(arm), np.nan) if a is None else np.asarray(a))
         recomputed.append(np.full(len(arm), np.nan) if b is None else np.asarray(b))
@@ -56,7 +58,7 @@ def replay(header: dict, ticks: list[dict], runtime: PolicyRuntime, where: str =
     return {
         "ticks": len(ticks), "max_abs_diff_rad": float(d[np.isfinite(d)].max()) if np.isfinite(d).any() else 0.0,
         "ticks_differing": int(len(differ)),
-        "events_differing": events_differing, "first_difference_tick": int(differ[0]) if len(differ) else None,
+        "events": events, "events_differing": events_differing, "first_difference_tick": int(differ[0]) if len(differ) else None,
         "tolerance_rad": TOLERANCE, "source": header.get("source"),
         "_series": (np.asarray(t), np.asarray(recorded), np.asarray(recomputed), d, arm),
     }

@@ -204,7 +204,7 @@ def _replay(args) -> int:
     print(f"replay of {args.log} ({shown['source']}) with {args.policy}: {shown['ticks_differing']} of "
           f"{shown['ticks']} ticks differ by more than {shown['tolerance_rad']:.0e} rad "
           f"(max {shown['max_abs_diff_rad']:.2e} rad, first at tick {shown['first_difference_tick']}); "
-          f"clamp events differ on {shown['events_differing']} ticks"
+          f"clamp events differ on {shown['events_differing']} ticks (recomputed: {shown['events'] or 'none'})"
           + (f"; plot {args.plot}" if args.plot else ""))
     return 0
 

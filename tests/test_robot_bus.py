@@ -1,5 +1,8 @@
 """The bus driver on the real Feetech SDK, over a real pseudo-terminal, against our emulator."""
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -86,6 +89,30 @@ def test_missing_servo_and_wrong_model_are_one_line_errors(tmp_path):
             connect(e.port)
     with pytest.raises(BusError, match="no such serial port"):
         connect(str(tmp_path / "ttyUSB9"))
+
+
+def test_wrong_baud_rate_is_a_one_line_error(emu):
+    bus = FeetechBus(emu.port, IDS, baud=500_000)            # the servos listen at 1 Mbaud
+    with pytest.raises(BusError, match=r"servo 1 \(shoulder_pan\) does not answer \(wrong id, wrong baud rate"):
+        bus.connect()
+    bus.close()
+    assert emu.counters["wrong_baud"] > 0 and emu.counters["replies"] == 0
+    connect(emu.port).close()                                 # the right rate works on the same port
+
+
+def test_permission_denied_is_a_one_line_error(emu):
+    """A port this user may not open (mode 000 here; on a fresh Linux install, a user not in
+    the dialout group). Root ignores file modes, so the check runs in a child with every
+    capability dropped."""
+    os.chmod(emu.port, 0)
+    code = ("import sys; from soarm.robot.bus import FeetechBus, BusError\n"
+            f"try: FeetechBus({emu.port!r}, {{'a': 1}}).connect()\n"
+            "except BusError as e: print(e); sys.exit(2)")
+    drop = ["setpriv", "--bounding-set=-all", "--inh-caps=-all"] if os.geteuid() == 0 else []
+    r = subprocess.run([*drop, sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stdout.strip() == f"{emu.port}: permission denied (add your user to the 'dialout' group)"
+    assert emu.counters["packets"] == 0
 
 
 def test_faulty_replies_fail_a_tick_and_the_next_one_is_clean():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 import yaml
 
 from soarm import REPO_ROOT, config
+from soarm.robot.bus import FeetechBus
 from soarm.robot.emulator import EmulatorProcess
 
 ROS_PKG = REPO_ROOT / "ros2_ws" / "src" / "so_arm_policy"
@@ -153,6 +155,11 @@ def test_estop_mid_motion_stops_within_one_tick(rig, client):
     assert "e-stop" in d["message"] and d["level"] == 2
     assert node.proc.poll() is None
     assert client.call("enable").success                     # enable is the reset
+    assert node.stop(signal.SIGINT) == 0                     # Ctrl-C with torque on ...
+    bus = FeetechBus(emu.port, {f"j{sid}": sid for sid in range(1, 7)})
+    bus.connect()
+    assert all(bus.read("Torque_Enable", sid) == 0 for sid in range(1, 7))   # ... ends with torque off
+    bus.close()
 
 
 @pytest.mark.parametrize("how", ["kill", "unplug"])
@@ -192,11 +199,22 @@ def test_bad_targets_are_refused_with_a_warning(rig, client):
     assert "not a finite 3-D point" in out and "outside the trained workspace" in out
 
 
-@pytest.mark.parametrize("case", ["missing_policy", "foreign_calibration", "bad_type"])
-def test_bad_configuration_is_one_error_and_the_node_stays_disabled(rig, client, tmp_path, case):
+@pytest.mark.parametrize("case", ["missing_policy", "foreign_policy", "foreign_calibration", "bad_type"])
+def test_bad_configuration_is_one_error_and_the_node_stays_disabled(rig, client, tmp_path, tiny_policy, case):
     emu, start = rig
     if case == "missing_policy":
         node, expect = start(policy=str(tmp_path / "nope.onnx")), "no such policy file"
+    elif case == "foreign_policy":                         # trained for an arm with other joints
+        import onnx
+
+        model = onnx.load(str(tiny_policy))
+        for prop in model.metadata_props:
+            if prop.key == "soarm.contract":
+                terms = json.loads(prop.value)
+                terms["joint_names"] = ["base", "shoulder", "elbow", "wrist_pitch", "wrist_roll"]
+                prop.value = json.dumps(terms)
+        onnx.save(model, str(tmp_path / "other_arm.onnx"))
+        node, expect = start(policy=str(tmp_path / "other_arm.onnx")), "unsupported policy contract"
     elif case == "foreign_calibration":
         cal = json.loads(Path(emu.calibration).read_text())
         cal["elbow_flex"]["homing_offset"] += 100
