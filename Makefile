@@ -49,7 +49,8 @@ bench: setup
 	$(PY) benchmarks/env_throughput.py
 	$(PY) benchmarks/ppo_vs_rsl_rl.py
 	$(PY) benchmarks/policy_latency.py
-	$(PY) benchmarks/control_tick.py $(RUN)/policy.onnx
+	$(PY) benchmarks/control_tick.py data/policies/reach.onnx
+	$(PY) benchmarks/ros_node_tick.py data/policies/reach.onnx
 
 servo-fit: setup
 	$(VENV)/bin/soarm servo-fit

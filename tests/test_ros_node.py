@@ -45,6 +45,24 @@ def test_config_file_holds_every_parameter_with_its_default():
             assert flat[name] == default, name
 
 
+def test_colcon_builds_the_package(tmp_path):
+    """colcon (from PyPI) builds the ament_python package as on a ROS 2 machine and installs
+    what `ros2 run` / `ros2 launch` look for."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(ROS_PKG, tmp_path / "src" / "so_arm_policy")
+    r = subprocess.run([str(Path(sys.executable).parent / "colcon"), "build"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    inst = tmp_path / "install" / "so_arm_policy"
+    for rel in ("lib/so_arm_policy/reach_node", "share/ament_index/resource_index/packages/so_arm_policy",
+                "share/so_arm_policy/package.xml", "share/so_arm_policy/launch/reach.launch.py",
+                "share/so_arm_policy/config/reach.yaml", "share/so_arm_policy/udev/99-so-arm101.rules"):
+        assert (inst / rel).is_file(), rel
+
+
 def test_launch_arguments_map_onto_parameters():
     assert params.launch_parameters({"port": "", "policy": " ", "rate": ""}) == {}
     got = params.launch_parameters({"port": "/dev/so_arm101", "policy": "p.onnx", "calibration": "c.json",
