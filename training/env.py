@@ -19,11 +19,12 @@ from soarm.reach import (ACTION_DIM, OBS_DIM, ReachCfg, action_to_goal, check_ac
                          rewards, sample_targets, tick_offsets, uniform)
 from soarm.servo import ServoConfig
 from soarm.sim import ArmSim
+from soarm.training.episode_stats import EpisodeStats
 
 
 class ReachEnv:
     # Everything that evolves while the env runs, for checkpoints (besides sim and generator).
-    _STATE = ("target", "action", "goal", "pending", "latent", "prev_meas", "step_count", "ep_return", "obs")
+    _STATE = ("target", "action", "goal", "pending", "latent", "prev_meas", "step_count", "obs")
 
     def __init__(self, cfg: ReachCfg, num_envs: int, device: str = "cpu", seed: int = 0,
                  robot: RobotDescription | None = None, check_actions: bool = True,
@@ -59,9 +60,7 @@ class ReachEnv:
         self.latent = torch.zeros(N, dtype=torch.bool, device=self.device)
         self.prev_meas = torch.zeros(N, ACTION_DIM, **kw)
         self.step_count = torch.zeros(N, dtype=torch.long, device=self.device)
-        self.ep_return = torch.zeros(N, **kw)
-        self.ep_terms: dict[str, torch.Tensor] = {}
-        self._stats: dict[str, torch.Tensor] = {}
+        self.episodes = EpisodeStats(N, self.device)
         self.obs = self.reset()
 
     # ------------------------------------------------------------------ reset
@@ -101,9 +100,7 @@ class ReachEnv:
         self.pending = torch.where(mask[:, None], meas, self.pending)
         self.prev_meas = torch.where(mask[:, None], meas, self.prev_meas)
         self.step_count = torch.where(mask, 0, self.step_count)
-        self.ep_return = torch.where(mask, 0.0, self.ep_return)
-        for k in self.ep_terms:
-            self.ep_terms[k] = torch.where(mask, 0.0, self.ep_terms[k])
+        self.episodes.reset(mask)
 
     def _draw_targets(self) -> torch.Tensor:
         if self.fixed_targets is not None:
@@ -145,7 +142,8 @@ class ReachEnv:
         truncated = (self.step_count >= self.max_steps) & ~terminated
         done = terminated | truncated
         window_end = (self.step_count % self.window == 0) | done
-        self._record(terms, reward, error.norm(dim=-1), window_end, done, terminated, truncated)
+        self.episodes.record(terms, reward, error.norm(dim=-1), window_end, done, terminated, truncated,
+                             self.step_count)
 
         # New targets where a window ended, fresh episodes where one ended; then observe
         # again. _reset set prev_meas to the reset pose where an episode restarted, so the
@@ -161,7 +159,7 @@ class ReachEnv:
     # ------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict:
         """The complete running state: restoring it continues the very same episodes."""
-        return {"gen": self.gen.get_state(), "sim": self.sim.state_dict(), "ep_terms": dict(self.ep_terms),
+        return {"gen": self.gen.get_state(), "sim": self.sim.state_dict(), "episodes": self.episodes.state_dict(),
                 **{k: getattr(self, k) for k in self._STATE}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -169,44 +167,9 @@ class ReachEnv:
             raise ValueError(f"env state holds {state['target'].shape[0]} environments, this env has {self.num_envs}")
         self.gen.set_state(state["gen"])
         self.sim.load_state_dict(state["sim"])
-        self.ep_terms = dict(state["ep_terms"])
+        self.episodes.load_state_dict(state["episodes"])
         for k in self._STATE:
             setattr(self, k, state[k].to(self.device))
 
-    # ------------------------------------------------------------------ stats
-    def _record(self, terms, reward, dist, window_end, done, terminated, truncated) -> None:
-        s = self._stats
-        for k, v in terms.items():
-            self.ep_terms[k] = self.ep_terms.get(k, torch.zeros_like(v)) + v
-        self.ep_return += reward
-        we, d = window_end.float(), done.float()
-        add = {
-            "windows": we.sum(),
-            "error_sum": (dist * we).sum(),
-            "success_1cm": ((dist < 0.01).float() * we).sum(),
-            "success_5mm": ((dist < 0.005).float() * we).sum(),
-            "episodes": d.sum(),
-            "return_sum": (self.ep_return * d).sum(),
-            "length_sum": (self.step_count.float() * d).sum(),
-            "terminated": terminated.float().sum(),
-            "truncated": truncated.float().sum(),
-        }
-        for k, v in self.ep_terms.items():
-            add["term/" + k] = (v * d).sum()
-        for k, v in add.items():
-            s[k] = s.get(k, 0.0) + v
-
     def pop_stats(self) -> dict[str, float]:
-        """Means over the windows and episodes completed since the last call (one host sync)."""
-        s = {k: float(v) for k, v in self._stats.items()}
-        self._stats = {}
-        w, e = max(s.get("windows", 0.0), 1.0), max(s.get("episodes", 0.0), 1.0)
-        out = {"episodes": s.get("episodes", 0.0)}
-        if s.get("windows"):
-            out.update(fingertip_error=s["error_sum"] / w, success_1cm=s["success_1cm"] / w,
-                       success_5mm=s["success_5mm"] / w)
-        if s.get("episodes"):
-            out.update(mean_return=s["return_sum"] / e, episode_length=s["length_sum"] / e,
-                       terminated=s["terminated"] / e, truncated=s["truncated"] / e)
-            out.update({k: v / e for k, v in s.items() if k.startswith("term/")})
-        return out
+        return self.episodes.pop()
