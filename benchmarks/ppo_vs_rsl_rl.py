@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from soarm import CONFIG_DIR, config  # noqa: E402
 from soarm.reach import ReachCfg  # noqa: E402
 from soarm.training.evaluate import evaluate  # noqa: E402
+from soarm.training.rsl_rl_cfg import rsl_rl_train_cfg  # noqa: E402
 from soarm.training.runner import Runner, TrainCfg  # noqa: E402
 
 
@@ -72,21 +73,7 @@ def rsl_rl_runner(cfg: TrainCfg, env_seed: int, mixed_precision: bool = False):
     task = config.load(ReachCfg, CONFIG_DIR / cfg.task)
     env = ReachEnv(task, cfg.run.num_envs, seed=env_seed, check_actions=False)
     env.sim.compile()
-    p, pol = cfg.ppo, cfg.policy
-    model = {"class_name": "MLPModel", "activation": pol.activation, "obs_normalization": True}
-    train_cfg = {
-        "num_steps_per_env": p.num_steps, "save_interval": 10**9, "check_for_nan": False,
-        "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
-        "algorithm": {"class_name": "PPO", "num_learning_epochs": p.epochs, "num_mini_batches": p.minibatches,
-                      "clip_param": p.clip, "gamma": p.gamma, "lam": p.lam, "value_loss_coef": p.value_coef,
-                      "entropy_coef": p.entropy_coef, "learning_rate": p.learning_rate,
-                      "max_grad_norm": p.max_grad_norm, "use_clipped_value_loss": p.value_clip > 0,
-                      "schedule": p.schedule, "desired_kl": p.desired_kl, "use_mixed_precision": mixed_precision},
-        "actor": {**model, "hidden_dims": list(pol.actor_hidden),
-                  "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": pol.init_std,
-                                       "std_type": "scalar"}},
-        "critic": {**model, "hidden_dims": list(pol.critic_hidden)},
-    }
+    train_cfg = {**rsl_rl_train_cfg(cfg, mixed_precision), "save_interval": 10**9, "check_for_nan": False}
     runner = OnPolicyRunner(Adapter(env), train_cfg, log_dir=None, device="cpu")
     timings: list[tuple[float, float]] = []
     log = runner.logger.log
@@ -95,7 +82,7 @@ def rsl_rl_runner(cfg: TrainCfg, env_seed: int, mixed_precision: bool = False):
         timings.append((kw["collect_time"], kw["learn_time"]))
         return log(*args, **kw)
     runner.logger.log = record
-    env.stagger(p.num_steps)
+    env.stagger(cfg.ppo.num_steps)
     return runner, env, timings
 
 
