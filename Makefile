@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 ROS_PKG   := ros2_ws/src/so_arm_policy
 ROS_STAMP := $(VENV)/.so_arm_policy
 
-.PHONY: all setup main test bench servo-fit clean
+.PHONY: all setup main test bench servo-fit clean isaaclab
 
 all: main
 
@@ -44,6 +44,11 @@ main: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The Isaac Lab 3 backend's own venv (Python 3.12, ~8 GB, shared by every clone on this
+# machine under ~/.cache/soarm), linked as .venv-isaaclab.
+isaaclab:
+	bash training/isaac/setup.sh
 
 bench: setup
 	$(PY) benchmarks/env_throughput.py

@@ -38,7 +38,8 @@ def _train(args) -> int:
             raise ValueError(f"--set {item!r}: expected KEY=VALUE")
         overrides[key] = yaml.safe_load(value)
     for key, value in (("run.num_envs", args.num_envs), ("run.iterations", args.iterations),
-                       ("run.device", args.device), ("run.seed", args.seed), ("run.name", args.name)):
+                       ("run.device", args.device), ("run.seed", args.seed), ("run.name", args.name),
+                       ("run.sim", args.sim)):
         if value is not None:
             overrides[key] = value
     if args.no_compile:
@@ -261,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-envs", type=int, default=None)
     p.add_argument("--iterations", type=int, default=None, help="total iterations (a resumed run continues to it)")
     p.add_argument("--device", default=None)
+    p.add_argument("--sim", choices=["embedded", "isaaclab"], default=None,
+                   help="simulator: the embedded one (default) or Isaac Lab 3 + Newton (its own venv)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--name", default=None)
     p.add_argument("--no-compile", action="store_true", help="run eagerly (no torch.compile)")

@@ -1,3 +1,5 @@
+import importlib.util
+
 import pytest
 import torch
 
@@ -7,6 +9,9 @@ from soarm.dynamics import ArmDynamics
 from soarm.reach import ReachCfg
 
 torch.set_num_threads(1)
+
+# tests/isaac_backend/ runs inside the Isaac Lab venv (Python 3.12), started by test_isaaclab.py.
+collect_ignore = [] if importlib.util.find_spec("isaaclab") else ["isaac_backend"]
 
 
 @pytest.fixture(scope="session")

@@ -35,6 +35,7 @@ class RunCfg:
     iterations: int = 400
     seed: int = 0
     device: str = "cpu"
+    sim: str = "embedded"                # embedded (soarm/sim.py) | isaaclab (Isaac Lab 3 + Newton)
     threads: int = 0                     # torch CPU threads; 0 = one per core
     compile: bool = True
     save_every: int = 50                 # iterations between checkpoints (and one at the end)
@@ -46,6 +47,8 @@ class RunCfg:
     def validate(self) -> None:
         if self.num_envs < 1 or self.iterations < 1 or self.save_every < 1 or self.print_every < 1:
             raise ValueError("run.num_envs/iterations/save_every/print_every: must be at least 1")
+        if self.sim not in ("embedded", "isaaclab"):
+            raise ValueError(f"run.sim: '{self.sim}', expected 'embedded' or 'isaaclab'")
 
 
 @dataclass
@@ -118,6 +121,20 @@ def git_commit() -> str:
         return "unknown"
 
 
+def isaaclab_env(task_file: Path, num_envs: int, device: str, seed: int):
+    """The Isaac Lab backend, or a one-line ConfigError that says how to get it."""
+    import sys
+
+    try:
+        from soarm.training.isaac.vec_env import IsaacReachEnv
+    except ImportError as e:
+        raise config.ConfigError(
+            f"run.sim: isaaclab needs Isaac Lab 3 (Python 3.12) and cannot import it here "
+            f"(Python {sys.version_info.major}.{sys.version_info.minor}: {e.name or e}); "
+            "set it up with `make isaaclab` and run .venv-isaaclab/bin/soarm train --sim isaaclab") from None
+    return IsaacReachEnv(str(task_file), num_envs, device, seed)
+
+
 class Runner:
     def __init__(self, cfg: TrainCfg, run_dir: Path, resume: dict | None = None, progress: bool = True):
         self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
@@ -128,9 +145,12 @@ class Runner:
         seed = cfg.run.seed + 1000 * self.dist.rank
         torch.manual_seed(seed)
         self.task = config.load(ReachCfg, CONFIG_DIR / cfg.task)
-        self.env = ReachEnv(self.task, cfg.run.num_envs, device=device, seed=seed, check_actions=False)
-        if cfg.run.compile:
-            self.env.sim.compile()
+        if cfg.run.sim == "isaaclab":
+            self.env = isaaclab_env(CONFIG_DIR / cfg.task, cfg.run.num_envs, device, seed)
+        else:
+            self.env = ReachEnv(self.task, cfg.run.num_envs, device=device, seed=seed, check_actions=False)
+            if cfg.run.compile:
+                self.env.sim.compile()
         self.model = ActorCritic(self.env.num_obs, self.env.num_actions, cfg.policy).to(self.device)
         if self.dist.world > 1:
             for t in self.model.state_dict().values():

@@ -1,0 +1,127 @@
+"""Run by tests/test_isaaclab.py inside the Isaac Lab 3 venv (Python 3.12), on CPU, with no
+network: the SO-101 reach task as an Isaac Lab DirectRLEnv on Newton (MuJoCo-Warp)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from soarm import CONFIG_DIR, config
+from soarm.description import load_robot
+from soarm.reach import OBS_DIM, ReachCfg
+from soarm.servo import ServoConfig
+from soarm.sim import ArmSim
+from soarm.training.isaac import TASK_ID
+from soarm.training.isaac.reach_env import SO101ReachEnv
+from soarm.training.isaac.reach_env_cfg import SO101ReachEnvCfg
+
+
+def make_env(num_envs: int, task_file=None) -> SO101ReachEnv:
+    cfg = SO101ReachEnvCfg(device="cpu", **({"task_file": str(task_file)} if task_file else {}))
+    cfg.scene.num_envs = num_envs
+    return SO101ReachEnv(cfg)
+
+
+def test_registered_for_isaac_lab_and_its_cli():
+    assert gym.spec(TASK_ID).kwargs["env_cfg_entry_point"].endswith("reach_env_cfg:SO101ReachEnvCfg")
+    eps = [e.value for e in importlib.metadata.entry_points(group="isaaclab.tasks")]
+    assert "soarm.training.isaac" in eps
+
+
+def test_steps_resets_and_joint_targets_move_the_arm():
+    env = make_env(4)
+    try:
+        obs, _ = env.reset()
+        assert obs["policy"].shape == (4, OBS_DIM) and torch.isfinite(obs["policy"]).all()
+        q0 = env.arm_robot.data.joint_pos.torch.clone()
+        push = torch.tensor([[0.6, 0.0, 0.0, 0.0, 0.0]]).repeat(4, 1)          # shoulder_pan goal up
+        for _ in range(20):
+            obs, rew, term, trunc, extras = env.step(push)
+        moved = env.arm_robot.data.joint_pos.torch - q0
+        assert (moved[:, 0] > 0.3).all(), moved                         # 20 x 0.03 rad of goal
+        assert moved[:, 1:].abs().max() < moved[:, 0].min()
+        truncated_seen = False
+        for k in range(env.max_episode_length):
+            obs, rew, term, trunc, extras = env.step(torch.zeros(4, 5))
+            assert torch.isfinite(obs["policy"]).all() and torch.isfinite(rew).all()
+            truncated_seen |= bool(trunc.any())
+        assert truncated_seen and (env.episode_length_buf < env.max_episode_length).all()
+        assert torch.isfinite(extras["final_obs"]["policy"]).all()
+        stats = env.episodes.pop()
+        assert stats["episodes"] >= 4 and 0 < stats["fingertip_error"] < 1.0
+    finally:
+        env.close()
+
+
+def test_our_ppo_trains_two_iterations_on_it(tmp_path):
+    from soarm.training.runner import Runner, TrainCfg
+
+    cfg = config.from_dict(TrainCfg, {"run": {"sim": "isaaclab", "num_envs": 8, "iterations": 2, "compile": False,
+                                              "eval_targets": 0, "out_dir": str(tmp_path)},
+                                      "ppo": {"num_steps": 8, "minibatches": 2, "epochs": 2}})
+    runner = Runner(cfg, tmp_path / "run", progress=False)
+    try:
+        row = runner.learn()
+    finally:
+        runner.env.env.close()
+    assert row["iteration"] == 1 and math.isfinite(row["loss/value_loss"])
+    assert (tmp_path / "run" / "model_2.pt").is_file()
+
+
+def test_same_joint_targets_give_the_same_fingertip_path_in_both_backends(tmp_path):
+    """Newton (MuJoCo-Warp) with our servo actuator vs the embedded simulator, nominal
+    parameters, one arm following the same sinusoidal joint goals for 5 s."""
+    raw = yaml.safe_load((CONFIG_DIR / "task" / "reach.yaml").read_text())
+    raw["randomization"] = {"gain_scale": [1.0, 1.0], "friction_scale": [1.0, 1.0], "mass_scale": [1.0, 1.0],
+                            "encoder_offset_ticks": 0, "latency_prob": 0.0, "start_noise": 0.0}
+    task_file = tmp_path / "nominal.yaml"
+    task_file.write_text(yaml.safe_dump(raw))
+    task = config.load(ReachCfg, task_file)
+    robot = load_robot()
+    servo = config.load(ServoConfig, CONFIG_DIR / task.servo)
+    env = make_env(1, task_file)
+    try:
+        env.reset()
+        sim = ArmSim(robot, servo.params, servo.registers, 1, 1.0 / (task.control_hz * task.substeps))
+        sim.reset(torch.ones(1, dtype=torch.bool), env.arm_robot.data.joint_pos.torch.clone())
+        arm, home = robot.arm_index, torch.tensor(robot.home, dtype=torch.float32)
+        amp = torch.tensor([0.6, 0.4, -0.5, 0.6, 0.8])
+        diffs = []
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for k in range(round(5.0 * task.control_hz)):
+                goal = home + amp * math.sin(2 * math.pi * 0.4 * k / task.control_hz)
+                env.goal[:], env.pending[:] = goal, goal           # a zero action keeps this goal
+                env.step(torch.zeros(1, 5))
+                full = sim.goal.clone()
+                full[:, arm] = goal
+                sim.step(full, task.substeps)
+                diffs.append(float((env.fingertip()[0] - sim.dyn.fingertip(sim.q)[0]).norm()))
+        d = np.array(diffs)
+        report = {"steps": len(d), "mean_mm": d.mean() * 1e3, "rms_mm": math.sqrt((d ** 2).mean()) * 1e3,
+                  "max_mm": d.max() * 1e3, "wall_s": time.perf_counter() - t0}
+        print("backend agreement: " + json.dumps(report))
+        assert report["rms_mm"] < 2.0 and report["max_mm"] < 5.0, report
+    finally:
+        env.close()
+
+
+def test_isaac_lab_cli_agent_config_is_our_training_config():
+    from soarm.training.isaac.agents import SO101ReachPPORunnerCfg
+    from soarm.training.runner import TrainCfg
+
+    ours = config.load(TrainCfg, CONFIG_DIR / "train" / "reach.yaml")
+    agent = SO101ReachPPORunnerCfg()
+    assert agent.num_steps_per_env == ours.ppo.num_steps and agent.max_iterations == ours.run.iterations
+    assert agent.algorithm.num_mini_batches == ours.ppo.minibatches
+    assert agent.algorithm.desired_kl == ours.ppo.desired_kl
+    assert list(agent.actor.hidden_dims) == list(ours.policy.actor_hidden) and agent.actor.obs_normalization
+    assert gym.spec(TASK_ID).kwargs["rsl_rl_cfg_entry_point"].endswith("agents:SO101ReachPPORunnerCfg")

@@ -1,0 +1,76 @@
+"""The STS3215 servo model (soarm/servo.py) as an Isaac Lab explicit actuator.
+
+Isaac Lab hands `compute` the joint position targets (the goals the task wrote) and the
+joint state every physics step; the torque comes from the same firmware loop and DC motor
+model the embedded simulator integrates, not from Isaac Lab's implicit PD. Coulomb and
+load-dependent friction, which our integrator applies implicitly, enter here as a smooth
+opposing torque: the solver sees them as any other joint effort.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+from isaaclab.actuators import ActuatorBase, ActuatorBaseCfg
+from isaaclab.utils import configclass
+from isaaclab.utils.types import ArticulationActions
+
+from soarm import CONFIG_DIR, config
+from soarm.servo import ServoConfig, ServoState, quantize, servo_torque
+
+STICTION_VELOCITY = 0.01          # rad/s: the tanh width of the smoothed Coulomb friction
+
+
+class ServoActuator(ActuatorBase):
+    cfg: ServoActuatorCfg
+
+    def __init__(self, cfg: ServoActuatorCfg, *args, stiffness=None, damping=None, **kwargs):
+        super().__init__(cfg, *args, **kwargs)          # (authored gains unused: no PD in the solver)
+        servo = config.load(ServoConfig, CONFIG_DIR / cfg.servo)
+        self.params, self.registers = servo.params, servo.registers
+        shape = (self._num_envs, self.num_joints)
+        zeros = torch.zeros(shape, device=self._device)
+        self.firmware = ServoState(zeros)
+        # Per-environment physics, written by the task's domain randomization.
+        self.gain_scale = torch.ones(shape, device=self._device)
+        self.coulomb = torch.full(shape, self.params.friction_coulomb, device=self._device)
+        self.viscous = torch.full(shape, self.params.friction_viscous, device=self._device)
+        self.encoder_offset = zeros.clone()
+
+    def measured(self, joint_pos: torch.Tensor, env_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """What the servo's encoder reads: whole ticks, with its calibration error."""
+        return quantize(joint_pos + (self.encoder_offset if env_ids is None else self.encoder_offset[env_ids]))
+
+    def restart(self, env_ids: torch.Tensor, joint_pos: torch.Tensor) -> None:
+        """Torque on at joint_pos [len(env_ids), J] (goal := present) for `env_ids`."""
+        fw = self.firmware
+        fw.target[env_ids] = quantize(joint_pos + self.encoder_offset[env_ids])
+        fw.target_vel[env_ids] = 0.0
+        fw.integral[env_ids] = 0.0
+
+    def reset(self, env_ids: Sequence[int]):
+        pass                                     # the task restarts the firmware at the new pose
+
+    def compute(self, control_action: ArticulationActions, joint_pos: torch.Tensor,
+                joint_vel: torch.Tensor) -> ArticulationActions:
+        params = dataclasses.replace(self.params, friction_viscous=self.viscous, friction_coulomb=self.coulomb)
+        tau, coulomb = servo_torque(self.firmware, quantize(control_action.joint_positions),
+                                    self.measured(joint_pos), joint_vel, params, self.registers,
+                                    self.cfg.dt, gain_scale=self.gain_scale)
+        self.computed_effort = tau - coulomb * torch.tanh(joint_vel / STICTION_VELOCITY)
+        self.applied_effort = self.computed_effort
+        control_action.joint_efforts = self.applied_effort
+        control_action.joint_positions = None
+        control_action.joint_velocities = None
+        return control_action
+
+
+@configclass
+class ServoActuatorCfg(ActuatorBaseCfg):
+    class_type: type = ServoActuator
+    servo: str = "servo/sts3215_7v4.yaml"          # under configs/, as the task config names it
+    dt: float = 1.0 / 180.0                         # physics step: the firmware advances by it
+    stiffness: float = 0.0                          # no implicit PD in the solver
+    damping: float = 0.0

@@ -1,0 +1,148 @@
+"""SO-ARM101 reach in Isaac Lab (direct workflow): the environment.
+
+The task is soarm/reach.py's, function for function, as in the embedded simulator
+(training/env.py): targets from `sample_targets`, observations from `observe`, actions to
+goals by `action_to_goal` (relative joint targets), rewards from `rewards`, and the same
+domain randomization draws (`uniform`, `tick_offsets`) of servo gain, friction, encoder
+offsets and one-step latency. Newton integrates the rigid bodies; the servo actuator
+(actuator.py) computes every joint torque. Link-mass randomization is not applied here
+(it would re-author the model's inertias per environment).
+
+Observations and the fingertip come from our own kinematics (soarm/dynamics.py) of the
+joint angles Isaac Lab reports, so both backends measure the task identically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from isaaclab.envs import DirectRLEnv
+
+from soarm import config
+from soarm.description import load_robot
+from soarm.dynamics import ArmDynamics
+from soarm.reach import (ReachCfg, action_to_goal, full_pose, observe, rewards, sample_targets, tick_offsets,
+                         uniform)
+from soarm.training.episode_stats import EpisodeStats
+from soarm.training.isaac.reach_env_cfg import SO101ReachEnvCfg
+
+
+class SO101ReachEnv(DirectRLEnv):
+    cfg: SO101ReachEnvCfg
+
+    def __init__(self, cfg: SO101ReachEnvCfg, render_mode: str | None = None, **kwargs):
+        self.task = config.load(ReachCfg, cfg.task_file)
+        super().__init__(cfg, render_mode, **kwargs)
+        self.arm_robot = self.scene["robot"]
+        self.servos = self.arm_robot.actuators["servos"]
+        self.robot = load_robot()
+        self.dyn = ArmDynamics(self.robot, self.device)
+        self.arm = torch.tensor(self.robot.arm_index, device=self.device)
+        self.gen = torch.Generator().manual_seed(0 if cfg.seed is None else cfg.seed)
+        self.target_pool = sample_targets(self.dyn, self.task.command, max(65536, 4 * self.num_envs), self.gen)
+        self.window = self.task.window_steps
+        N, A = self.num_envs, len(self.robot.arm_joints)
+        kw = dict(device=self.device, dtype=torch.float32)
+        self.target = torch.zeros(N, 3, **kw)
+        self.action = torch.zeros(N, A, **kw)             # last policy output
+        self.goal = torch.zeros(N, A, **kw)               # commanded arm goal (rad)
+        self.pending = torch.zeros(N, A, **kw)            # the previous goal, for one-step latency
+        self.latent = torch.zeros(N, dtype=torch.bool, device=self.device)
+        self.prev_meas = torch.zeros(N, A, **kw)
+        self.joint_goal = torch.zeros(N, len(self.robot.names), **kw)
+        self.gripper = self.robot.index(self.robot.gripper_joint)
+        self.episodes = EpisodeStats(N, self.device)
+        self._reset_idx(None)
+
+    # ------------------------------------------------------------ helpers
+    def measured(self) -> torch.Tensor:
+        """Encoder readings of the arm joints (rad): whole ticks with calibration error."""
+        return self.servos.measured(self.arm_robot.data.joint_pos.torch)[:, self.arm]
+
+    def fingertip(self) -> torch.Tensor:
+        return self.dyn.fingertip(self.arm_robot.data.joint_pos.torch)
+
+    def _draw_targets(self, n: int) -> torch.Tensor:
+        idx = torch.randint(0, len(self.target_pool), (n,), generator=self.gen)
+        return self.target_pool[idx.to(self.device)]
+
+    # ------------------------------------------------------------ step
+    def _pre_physics_step(self, actions: torch.Tensor) -> None:
+        self.actions_now = actions.clone()
+        self.goal = action_to_goal(self.dyn, actions, self.goal, self.task.action_scale, self.task.action_clip)
+        applied = torch.where(self.latent[:, None], self.pending, self.goal)
+        self.pending = self.goal
+        self.joint_goal[:, self.arm] = applied
+        self.joint_goal[:, self.gripper] = self.robot.gripper_hold
+
+    def _apply_action(self) -> None:
+        self.arm_robot.set_joint_position_target_index(target=self.joint_goal)
+
+    def _get_dones(self) -> tuple[torch.Tensor, torch.Tensor]:
+        tip = self.fingertip()
+        self.error = self.target - tip
+        self.below = tip[:, 2] < self.task.reward.floor_height
+        unstable = ~torch.isfinite(self.arm_robot.data.joint_pos.torch).all(-1)
+        terminated = self.below | unstable
+        time_out = (self.episode_length_buf >= self.max_episode_length) & ~terminated
+        return terminated, time_out
+
+    def _get_rewards(self) -> torch.Tensor:
+        vel = (self.measured() - self.prev_meas) * self.task.control_hz
+        terms = rewards(self.task.reward, self.error, self.actions_now, self.action, vel, self.below)
+        reward = torch.stack(list(terms.values())).sum(0)
+        self.action = self.actions_now
+        done = self.reset_terminated | self.reset_time_outs
+        window_end = (self.episode_length_buf % self.window == 0) | done
+        dist = self.error.norm(dim=-1)
+        self.episodes.record(terms, reward, dist, window_end, done, self.reset_terminated, self.reset_time_outs,
+                             self.episode_length_buf)
+        self.extras["window_error"] = torch.where(window_end, dist, torch.nan)
+        redraw = window_end & ~done
+        self.target = torch.where(redraw[:, None], self._draw_targets(self.num_envs), self.target)
+        return reward
+
+    def step(self, action: torch.Tensor):
+        out = super().step(action)
+        # The velocity term of the next observation differences against this reading
+        # (reset environments already hold their reset pose there).
+        self.prev_meas = self.measured()
+        return out
+
+    def _get_observations(self) -> dict:
+        meas = self.measured()
+        obs = observe(self.dyn, meas, self.prev_meas, self.goal, self.target, self.action, self.task.control_hz)
+        return {"policy": obs}
+
+    # ------------------------------------------------------------ reset
+    def _reset_idx(self, env_ids: Sequence[int] | torch.Tensor | None):
+        if env_ids is None:
+            env_ids = torch.arange(self.num_envs, device=self.device)
+        env_ids = torch.as_tensor(env_ids, device=self.device)
+        super()._reset_idx(env_ids)
+        n, J, dev = len(env_ids), len(self.robot.names), self.device
+        cfg, s = self.task.randomization, self.servos
+        rnd = lambda bounds: uniform(self.gen, (n, J), bounds, dev, torch.float32)  # noqa: E731
+        s.gain_scale[env_ids] = rnd(cfg.gain_scale)
+        s.coulomb[env_ids] = s.params.friction_coulomb * rnd(cfg.friction_scale)
+        s.viscous[env_ids] = s.params.friction_viscous * rnd(cfg.friction_scale)
+        s.encoder_offset[env_ids] = tick_offsets(self.gen, (n, J), cfg.encoder_offset_ticks, dev, torch.float32)
+        self.latent[env_ids] = (torch.rand(n, generator=self.gen) < cfg.latency_prob).to(dev)
+        home = torch.as_tensor(self.robot.home, device=dev, dtype=torch.float32)
+        arm_q = home + uniform(self.gen, (n, len(home)), (-cfg.start_noise, cfg.start_noise), dev, torch.float32)
+        q = full_pose(self.dyn, arm_q)
+        self.arm_robot.write_joint_position_to_sim_index(position=q, env_ids=env_ids)
+        self.arm_robot.write_joint_velocity_to_sim_index(velocity=torch.zeros_like(q), env_ids=env_ids)
+        s.restart(env_ids, q)
+        full = s.measured(q, env_ids)
+        meas = full[:, self.arm]
+        self.goal[env_ids] = meas                         # torque on: goal := present
+        self.pending[env_ids] = meas
+        self.prev_meas[env_ids] = meas
+        self.joint_goal[env_ids] = full
+        self.action[env_ids] = 0.0
+        self.target[env_ids] = self._draw_targets(n)
+        mask = torch.zeros(self.num_envs, dtype=torch.bool, device=dev)
+        mask[env_ids] = True
+        self.episodes.reset(mask)
