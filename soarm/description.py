@@ -33,6 +33,7 @@ class Joint:
     mass: float
     com: np.ndarray
     inertia: np.ndarray    # 3x3 about the centre of mass
+    link: str              # the child body's name in the URDF
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,7 @@ def _parse_urdf(path: Path) -> tuple[list[Joint], dict[str, tuple[str, np.ndarra
         for r in ready:
             name, plink, clink, xyz, rot, lower, upper = r
             mass, com, inertia = inertials[clink]
-            joints.append(Joint(name, owner[plink], xyz, rot, lower, upper, mass, com, inertia))
+            joints.append(Joint(name, owner[plink], xyz, rot, lower, upper, mass, com, inertia, clink))
             owner[clink] = len(joints) - 1
             pending.remove(r)
     fixed = {}

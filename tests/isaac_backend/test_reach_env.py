@@ -76,11 +76,13 @@ def test_our_ppo_trains_two_iterations_on_it(tmp_path):
     assert (tmp_path / "run" / "model_2.pt").is_file()
 
 
-def test_same_joint_targets_give_the_same_fingertip_path_in_both_backends(tmp_path):
-    """Newton (MuJoCo-Warp) with our servo actuator vs the embedded simulator, nominal
-    parameters, one arm following the same sinusoidal joint goals for 5 s."""
+@pytest.mark.parametrize("mass", [1.0, 1.3])
+def test_same_joint_targets_give_the_same_fingertip_path_in_both_backends(tmp_path, mass):
+    """Newton (MuJoCo-Warp) with our servo actuator vs the embedded simulator, one arm
+    following the same sinusoidal joint goals for 5 s; nominal links, then 30 % heavier
+    ones (the mass randomization reaching Newton)."""
     raw = yaml.safe_load((CONFIG_DIR / "task" / "reach.yaml").read_text())
-    raw["randomization"] = {"gain_scale": [1.0, 1.0], "friction_scale": [1.0, 1.0], "mass_scale": [1.0, 1.0],
+    raw["randomization"] = {"gain_scale": [1.0, 1.0], "friction_scale": [1.0, 1.0], "mass_scale": [mass, mass],
                             "encoder_offset_ticks": 0, "latency_prob": 0.0, "start_noise": 0.0}
     task_file = tmp_path / "nominal.yaml"
     task_file.write_text(yaml.safe_dump(raw))
@@ -92,6 +94,7 @@ def test_same_joint_targets_give_the_same_fingertip_path_in_both_backends(tmp_pa
         env.reset()
         sim = ArmSim(robot, servo.params, servo.registers, 1, 1.0 / (task.control_hz * task.substeps))
         sim.reset(torch.ones(1, dtype=torch.bool), env.arm_robot.data.joint_pos.torch.clone())
+        sim.physics.mass_scale = torch.full_like(sim.physics.mass_scale, mass)
         arm, home = robot.arm_index, torch.tensor(robot.home, dtype=torch.float32)
         amp = torch.tensor([0.6, 0.4, -0.5, 0.6, 0.8])
         diffs = []
@@ -106,7 +109,7 @@ def test_same_joint_targets_give_the_same_fingertip_path_in_both_backends(tmp_pa
                 sim.step(full, task.substeps)
                 diffs.append(float((env.fingertip()[0] - sim.dyn.fingertip(sim.q)[0]).norm()))
         d = np.array(diffs)
-        report = {"steps": len(d), "mean_mm": d.mean() * 1e3, "rms_mm": math.sqrt((d ** 2).mean()) * 1e3,
+        report = {"mass_scale": mass, "steps": len(d), "mean_mm": d.mean() * 1e3, "rms_mm": math.sqrt((d ** 2).mean()) * 1e3,
                   "max_mm": d.max() * 1e3, "wall_s": time.perf_counter() - t0}
         print("backend agreement: " + json.dumps(report))
         assert report["rms_mm"] < 2.0 and report["max_mm"] < 5.0, report

@@ -4,9 +4,8 @@ The task is soarm/reach.py's, function for function, as in the embedded simulato
 (training/env.py): targets from `sample_targets`, observations from `observe`, actions to
 goals by `action_to_goal` (relative joint targets), rewards from `rewards`, and the same
 domain randomization draws (`uniform`, `tick_offsets`) of servo gain, friction, encoder
-offsets and one-step latency. Newton integrates the rigid bodies; the servo actuator
-(actuator.py) computes every joint torque. Link-mass randomization is not applied here
-(it would re-author the model's inertias per environment).
+offsets, link masses and one-step latency. Newton integrates the rigid bodies; the servo
+actuator (actuator.py) computes every joint torque.
 
 Observations and the fingertip come from our own kinematics (soarm/dynamics.py) of the
 joint angles Isaac Lab reports, so both backends measure the task identically.
@@ -53,6 +52,11 @@ class SO101ReachEnv(DirectRLEnv):
         self.joint_goal = torch.zeros(N, len(self.robot.names), **kw)
         self.gripper = self.robot.index(self.robot.gripper_joint)
         self.episodes = EpisodeStats(N, self.device)
+        # The body each joint moves, and its nominal mass and inertia, for mass randomization.
+        self.bodies = torch.tensor([self.arm_robot.body_names.index(j.link) for j in self.robot.joints],
+                                   device=self.device)
+        self.nominal_mass = self.arm_robot.data.body_mass.torch[:, self.bodies].clone()
+        self.nominal_inertia = self.arm_robot.data.body_inertia.torch[:, self.bodies].clone()
         self._reset_idx(None)
 
     # ------------------------------------------------------------ helpers
@@ -127,6 +131,11 @@ class SO101ReachEnv(DirectRLEnv):
         s.gain_scale[env_ids] = rnd(cfg.gain_scale)
         s.coulomb[env_ids] = s.params.friction_coulomb * rnd(cfg.friction_scale)
         s.viscous[env_ids] = s.params.friction_viscous * rnd(cfg.friction_scale)
+        mass_scale = rnd(cfg.mass_scale)                  # link mass and inertia, as soarm/dynamics.py scales them
+        self.arm_robot.set_masses_index(masses=self.nominal_mass[env_ids] * mass_scale, body_ids=self.bodies,
+                                        env_ids=env_ids)
+        self.arm_robot.set_inertias_index(inertias=self.nominal_inertia[env_ids] * mass_scale[..., None],
+                                          body_ids=self.bodies, env_ids=env_ids)
         s.encoder_offset[env_ids] = tick_offsets(self.gen, (n, J), cfg.encoder_offset_ticks, dev, torch.float32)
         self.latent[env_ids] = (torch.rand(n, generator=self.gen) < cfg.latency_prob).to(dev)
         home = torch.as_tensor(self.robot.home, device=dev, dtype=torch.float32)
