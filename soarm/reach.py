@@ -184,6 +184,14 @@ def in_region(p: torch.Tensor, cfg: CommandCfg) -> torch.Tensor:
             & (p[:, 2] <= cfg.height[1]) & (bearing <= cfg.max_bearing))
 
 
+# ---------------------------------------------------------------- terminations
+def terminations(cfg: RewardCfg, tip: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(terminated [N], below_floor [N]): an episode ends when the fingertip goes below the
+    floor or the physics blew up (non-finite joints)."""
+    below = tip[:, 2] < cfg.floor_height
+    return below | ~torch.isfinite(q).all(-1), below
+
+
 # ---------------------------------------------------------------- rewards
 def rewards(cfg: RewardCfg, error: torch.Tensor, action: torch.Tensor, last_action: torch.Tensor,
             joint_vel: torch.Tensor, below_floor: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ import torch
 from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription, load_robot
 from soarm.reach import (ACTION_DIM, OBS_DIM, ReachCfg, action_to_goal, check_action, full_pose, observe,
-                         rewards, sample_targets, tick_offsets, uniform)
+                         rewards, sample_targets, terminations, tick_offsets, uniform)
 from soarm.servo import ServoConfig
 from soarm.sim import ArmSim
 from soarm.training.episode_stats import EpisodeStats
@@ -130,15 +130,13 @@ class ReachEnv:
         vel = (meas - self.prev_meas) * cfg.control_hz
         tip = self.dyn.fingertip(full_pose(self.dyn, self.sim.q[:, self.arm]))   # the true fingertip
         error = self.target - tip
-        below = tip[:, 2] < cfg.reward.floor_height
+        terminated, below = terminations(cfg.reward, tip, self.sim.q)
         terms = rewards(cfg.reward, error, actions, self.action, vel, below)
         reward = torch.stack(list(terms.values())).sum(0)
         self.action = actions
         final_obs = self._observe(meas)
         self.step_count += 1
 
-        unstable = ~torch.isfinite(self.sim.q).all(-1)
-        terminated = below | unstable
         truncated = (self.step_count >= self.max_steps) & ~terminated
         done = terminated | truncated
         window_end = (self.step_count % self.window == 0) | done

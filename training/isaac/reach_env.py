@@ -2,7 +2,7 @@
 
 The task is soarm/reach.py's, function for function, as in the embedded simulator
 (training/env.py): targets from `sample_targets`, observations from `observe`, actions to
-goals by `action_to_goal` (relative joint targets), rewards from `rewards`, and the same
+goals by `action_to_goal` (relative joint targets), `rewards`, `terminations`, and the same
 domain randomization draws (`uniform`, `tick_offsets`) of servo gain, friction, encoder
 offsets, link masses and one-step latency. Newton integrates the rigid bodies; the servo
 actuator (actuator.py) computes every joint torque.
@@ -21,8 +21,8 @@ from isaaclab.envs import DirectRLEnv
 from soarm import config
 from soarm.description import load_robot
 from soarm.dynamics import ArmDynamics
-from soarm.reach import (ReachCfg, action_to_goal, full_pose, observe, rewards, sample_targets, tick_offsets,
-                         uniform)
+from soarm.reach import (ReachCfg, action_to_goal, full_pose, observe, rewards, sample_targets, terminations,
+                         tick_offsets, uniform)
 from soarm.training.episode_stats import EpisodeStats
 from soarm.training.isaac.reach_env_cfg import SO101ReachEnvCfg
 
@@ -86,9 +86,7 @@ class SO101ReachEnv(DirectRLEnv):
     def _get_dones(self) -> tuple[torch.Tensor, torch.Tensor]:
         tip = self.fingertip()
         self.error = self.target - tip
-        self.below = tip[:, 2] < self.task.reward.floor_height
-        unstable = ~torch.isfinite(self.arm_robot.data.joint_pos.torch).all(-1)
-        terminated = self.below | unstable
+        terminated, self.below = terminations(self.task.reward, tip, self.arm_robot.data.joint_pos.torch)
         time_out = (self.episode_length_buf >= self.max_episode_length) & ~terminated
         return terminated, time_out
 
