@@ -157,13 +157,19 @@ def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path):
     assert node.proc.poll() is None
 
 
-def test_estop_mid_motion_stops_within_one_tick(rig, client):
-    emu, start = rig
+def reaching(start, client, target, seconds: float):
+    """A node started, enabled and reaching for `target` for `seconds`."""
     node = start()
     client.wait_for(diag_with(client, "state", "disabled"))
     assert client.call("enable").success
-    client.send([0.25, 0.1, 0.2])
-    time.sleep(0.7)
+    client.send(target)
+    time.sleep(seconds)
+    return node
+
+
+def test_estop_mid_motion_stops_within_one_tick(rig, client):
+    emu, start = rig
+    node = reaching(start, client, [0.25, 0.1, 0.2], 0.7)
     r = client.call("estop")
     assert r.success, r.message + node.output()
     latency_ms = float(r.message.split("torque off ")[1].split(" ms")[0])
@@ -183,11 +189,7 @@ def test_estop_mid_motion_stops_within_one_tick(rig, client):
 @pytest.mark.parametrize("how", ["kill", "unplug"])
 def test_losing_the_bus_ends_in_torque_off_and_a_diagnostic_error(rig, client, how):
     emu, start = rig
-    node = start()
-    client.wait_for(diag_with(client, "state", "disabled"))
-    assert client.call("enable").success
-    client.send([0.22, 0.0, 0.15])
-    time.sleep(0.5)
+    node = reaching(start, client, [0.22, 0.0, 0.15], 0.5)
     emu.kill() if how == "kill" else emu.unplug()
     d = client.wait_for(diag_with(client, "state", "fault"), timeout=10)
     assert d["level"] == 2 and "watchdog_torque_off" in d["message"] and "adapter" in d["message"]
