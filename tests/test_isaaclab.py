@@ -10,12 +10,16 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from soarm import REPO_ROOT, cli
 
 
 def test_isaac_lab_reach_env_and_our_ppo_in_their_own_venv():
     setup = subprocess.run(["bash", str(REPO_ROOT / "training" / "isaac" / "setup.sh")], capture_output=True,
                            text=True, timeout=2400)
+    if setup.returncode == 2 and "needs Python 3.12" in setup.stderr and os.environ.get("CI") != "true":
+        pytest.skip(setup.stderr.strip())            # a user's machine without 3.12; CI has it and must run this
     assert setup.returncode == 0, setup.stderr[-3000:]
     python = setup.stdout.strip().splitlines()[-1]
     cmd = [python, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/isaac_backend"]
