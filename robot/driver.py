@@ -174,9 +174,11 @@ class ReachDriver:
 
     # -------------------------------------------------------- bus thread
     def _run(self) -> None:
-        self._connect()
-        if self.cfg.enable_on_start and self.connected:
-            self._enable(_Request("enable"))
+        try:
+            if self._connect() and self.cfg.enable_on_start:
+                self._enable(_Request("enable"))
+        except Exception as e:  # noqa: BLE001 - whatever it was, the arm ends safe
+            self._fault(_internal(e))
         ticker = Ticker(self.rate)
         k = 0
         while not self._stop.is_set():
@@ -190,7 +192,7 @@ class ReachDriver:
                     if self.connected and k % self.cfg.status_every == 0:
                         self.loop.poll_status(k // self.cfg.status_every)
             except Exception as e:  # noqa: BLE001 - whatever it was, the arm ends safe
-                self._fault(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                self._fault(_internal(e))
             if self.loop.running:
                 self.loop.stats.overruns += ticker.wait()
             else:
@@ -203,8 +205,10 @@ class ReachDriver:
                 r = self._requests.get_nowait()
             except queue.Empty:
                 return
-            {"enable": self._enable, "disable": self._disable, "estop": self._estop}[r.kind](r)
-            r.done.set()
+            try:
+                {"enable": self._enable, "disable": self._disable, "estop": self._estop}[r.kind](r)
+            finally:
+                r.done.set()                      # the caller never waits out its timeout
 
     def _connect(self) -> bool:
         try:
@@ -308,3 +312,8 @@ class ReachDriver:
             self.on_event(level, message)
         except Exception:  # noqa: BLE001 - a front end's logging must not take the bus thread down
             pass
+
+
+def _internal(e: Exception) -> str:
+    text = str(e).splitlines()[0] if str(e).strip() else ""
+    return f"internal error: {type(e).__name__}{': ' + text if text else ''}"
