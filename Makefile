@@ -61,4 +61,4 @@ servo-fit: setup
 	$(VENV)/bin/soarm servo-fit
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs .venv-isaaclab   # (the Isaac Lab venv itself stays in ~/.cache/soarm)
