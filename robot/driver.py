@@ -9,11 +9,11 @@
 One thread owns the bus (the SDK is not thread-safe) and runs at the control rate: while
 enabled it runs the control loop's tick (read -> policy -> safety -> write), while
 disabled it only reads the joints. Requests from other threads (enable, disable, e-stop)
-are queued and served at the top of the next tick, before anything is written, so an
-e-stop takes effect within one tick. Until a valid target arrives the arm holds its
-goal. Anything that goes wrong ends disabled with torque off and the reason in
-`diagnostics()`; the thread itself keeps running, so the arm can be enabled again once
-the fault is fixed.
+are queued and wake the thread: they are served as soon as the tick in progress ends,
+before anything else is written, so an e-stop takes effect within one tick. Until a valid
+target arrives the arm holds its goal. Anything that goes wrong ends disabled with torque
+off and the reason in `diagnostics()`; the thread itself keeps running, so the arm can be
+enabled again once the fault is fixed.
 
 Bad configuration (files, contract vs arm) raises a one-line ValueError from the
 constructor; nothing has touched the bus then.
@@ -111,6 +111,7 @@ class ReachDriver:
         self._target_lock = threading.Lock()
         self._requests: queue.Queue[_Request] = queue.Queue()
         self._stop = threading.Event()
+        self._wake = threading.Event()            # a request is waiting: serve it now, not next tick
         self._thread: threading.Thread | None = None
         self.read_failures = 0
         self.estop_latency_ms: float | None = None
@@ -143,6 +144,7 @@ class ReachDriver:
     def close(self) -> None:
         """Stop the bus thread; it turns torque off on its way out."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._thread is None or self._thread.is_alive():
@@ -168,6 +170,7 @@ class ReachDriver:
             return False, f"{kind}: the driver is not running"
         r = _Request(kind)
         self._requests.put(r)
+        self._wake.set()
         if not r.done.wait(timeout):
             return False, f"{kind}: no answer from the bus thread within {timeout:.0f} s"
         return r.ok, r.message
@@ -182,9 +185,12 @@ class ReachDriver:
         ticker = Ticker(self.rate)
         k = 0
         while not self._stop.is_set():
+            self._wake.clear()
             try:
                 self._serve_requests()
-                if self.loop.running:
+                if not ticker.due:
+                    pass                            # woken by a request between ticks
+                elif self.loop.running:
                     self._tick()
                 else:
                     self._read()
@@ -193,10 +199,9 @@ class ReachDriver:
                         self.loop.poll_status(k // self.cfg.status_every)
             except Exception as e:  # noqa: BLE001 - whatever it was, the arm ends safe
                 self._fault(_internal(e))
+            overran = ticker.wait(self._wake)
             if self.loop.running:
-                self.loop.stats.overruns += ticker.wait()
-            else:
-                ticker.wait()
+                self.loop.stats.overruns += overran
         self._disable(_Request("shutdown"))
 
     def _serve_requests(self) -> None:

@@ -96,15 +96,19 @@ class Ticker:
     def __init__(self, rate_hz: float):
         self.period = 1.0 / rate_hz
         self.next = time.perf_counter()
+        self.due = True
 
-    def wait(self) -> bool:
-        """Sleep until the next tick is due; True when this tick overran its period."""
-        self.next += self.period
-        delay = self.next - time.perf_counter()
+    def wait(self, wake=None) -> bool:
+        """Sleep until the next tick is due; True when this tick overran its period. With
+        `wake` (a threading.Event) it returns as soon as that is set, the schedule left as
+        it was; `self.due` tells the two apart."""
+        delay = self.next + self.period - time.perf_counter()
         if delay < 0:
-            self.next = time.perf_counter()
+            self.next, self.due = time.perf_counter(), True
             return True
-        time.sleep(delay)
+        self.due = not wake.wait(delay) if wake is not None else (time.sleep(delay) or True)
+        if self.due:
+            self.next += self.period
         return False
 
 

@@ -58,7 +58,8 @@ def replay(header: dict, ticks: list[dict], runtime: PolicyRuntime, where: str =
     return {
         "ticks": len(ticks), "max_abs_diff_rad": float(d[np.isfinite(d)].max()) if np.isfinite(d).any() else 0.0,
         "ticks_differing": int(len(differ)),
-        "events": events, "events_differing": events_differing, "first_difference_tick": int(differ[0]) if len(differ) else None,
+        "events": events, "events_differing": events_differing,
+        "first_difference_tick": int(differ[0]) if len(differ) else None,
         "tolerance_rad": TOLERANCE, "source": header.get("source"),
         "_series": (np.asarray(t), np.asarray(recorded), np.asarray(recomputed), d, arm),
     }

@@ -25,6 +25,7 @@ from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from geometry_msgs.msg import PointStamped  # noqa: E402
 from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from sensor_msgs.msg import JointState  # noqa: E402
+from so_arm_policy import params  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
 
 
@@ -97,15 +98,8 @@ class Client:
 class NodeProcess:
     def __init__(self, tmp: Path, overrides: dict):
         values = {"port": "/dev/null", "policy": "", "calibration": "", **overrides}
-        nested: dict = {}
-        for k, v in values.items():
-            *parents, leaf = k.split(".")
-            node = nested
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[leaf] = v
         self.params_file = tmp / "params.yaml"
-        self.params_file.write_text(yaml.safe_dump({"/**": {"ros__parameters": nested}}))
+        self.params_file.write_text(yaml.safe_dump({"/**": {"ros__parameters": params.nested(values)}}))
         self.log_path = tmp / "node.log"
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "so_arm_policy.reach_node", "--ros-args",

@@ -52,8 +52,8 @@ def declarations() -> list[tuple[str, Any, str]]:
     return out
 
 
-def to_cfg(values: dict[str, Any]) -> DriverCfg:
-    """DriverCfg from dotted parameter values; ConfigError (one line) if any is invalid."""
+def nested(values: dict[str, Any]) -> dict[str, Any]:
+    """{"safety.max_step": 0.1} -> {"safety": {"max_step": 0.1}}, as a parameter file nests them."""
     raw: dict[str, Any] = {}
     for name, value in values.items():
         *parents, leaf = name.split(".")
@@ -61,7 +61,12 @@ def to_cfg(values: dict[str, Any]) -> DriverCfg:
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = list(value) if isinstance(value, (list, tuple)) or hasattr(value, "tolist") else value
-    return config.from_dict(DriverCfg, raw, "parameters")
+    return raw
+
+
+def to_cfg(values: dict[str, Any]) -> DriverCfg:
+    """DriverCfg from dotted parameter values; ConfigError (one line) if any is invalid."""
+    return config.from_dict(DriverCfg, nested(values), "parameters")
 
 
 def launch_parameters(arguments: dict[str, str]) -> dict[str, Any]:
