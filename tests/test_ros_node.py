@@ -112,7 +112,7 @@ def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path):
     from soarm.description import load_robot
     from soarm.dynamics import ArmDynamics
     from soarm.export.runtime import PolicyRuntime
-    from soarm.reach import CommandCfg, ReachCfg, sample_targets
+    from soarm.reach import CommandCfg, ReachCfg, full_pose, sample_targets
     from soarm.robot.enclog import read_log
     from soarm.robot.replay import replay
     from soarm.training.evaluate import evaluate
@@ -129,6 +129,11 @@ def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path):
 
     r = client.call("enable")
     assert r.success, r.message
+    # First out of the power-on slump to the home fingertip position, where every episode
+    # in the simulator starts (not measured).
+    home = dyn.fingertip(full_pose(dyn, torch.tensor(robot.home, dtype=torch.float64)[None]))[0]
+    client.send(home.tolist())
+    time.sleep(window)
     errors = []
     for target in targets:
         client.send(target.tolist())
