@@ -35,7 +35,8 @@ def _copy(tmp_path, urdf_edit=None, yaml_edit=None):
 
 @pytest.mark.parametrize("edit, words", [
     (lambda u: u.replace('<mass value="0.103"/>', '<mass value="heavy"/>'), ["so101.urdf", "upper_arm_link", "mass"]),
-    (lambda u: u.replace('lower="-1.69" upper="1.69"', 'lower="1.69" upper="-1.69"'), ["so101.urdf", "elbow_flex", "limit"]),
+    (lambda u: u.replace('lower="-1.69" upper="1.69"', 'lower="1.69" upper="-1.69"'),
+     ["so101.urdf", "elbow_flex", "limit"]),
     (lambda u: u.replace("</robot>", ""), ["so101.urdf", "malformed"]),
     (lambda u: u.replace('<axis xyz="0 0 1"/>', '<axis xyz="1 0 0"/>', 1), ["so101.urdf", "shoulder_pan", "axis"]),
 ])

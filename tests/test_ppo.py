@@ -6,7 +6,7 @@ import torch
 
 from soarm.training.modules import (ActorCritic, Normalizer, PolicyCfg, gaussian_entropy, gaussian_kl,
                                     gaussian_log_prob)
-from soarm.training.ppo import PPO, PPOCfg
+from soarm.training.ppo import PPO, PPOCfg, minibatch_chunks
 from soarm.training.storage import gae
 from soarm.training.env import ReachEnv
 
@@ -22,6 +22,49 @@ def test_gaussian_matches_torch_distributions():
     d2 = torch.distributions.Normal(mean2, log_std2.exp())
     ref = torch.distributions.kl_divergence(d, d2).sum(-1)
     assert torch.allclose(gaussian_kl(mean, log_std, mean2, log_std2), ref, atol=1e-5)
+
+
+def _reference(model, obs):
+    """The deployed networks, as plain nn.Sequential calls."""
+    x = model.normalizer(obs)
+    return model.actor(x), model.critic(x).squeeze(-1)
+
+
+def _grads(model, mean, value):
+    model.zero_grad()
+    (mean.square().sum() + value.sum()).backward()
+    return [p.grad.clone() for p in (*model.actor.parameters(), *model.critic.parameters())]
+
+
+@pytest.mark.parametrize("activation", ["elu", "relu", "tanh"])
+def test_training_forward_gradients_match_autograd(activation):
+    """The training forward takes each activation's derivative from its output."""
+    torch.manual_seed(0)
+    model = ActorCritic(29, 5, PolicyCfg(activation=activation))
+    obs = torch.randn(256, 29) * 2
+    for got, ref in zip(_grads(model, *model(obs)), _grads(model, *_reference(model, obs))):
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_compiled_training_forward_is_the_deployed_network():
+    """Under torch.compile the training forward takes another form (fused bias adds, the
+    output layer as dot products); it must stay the function that is exported."""
+    torch.manual_seed(0)
+    model = ActorCritic(29, 5, PolicyCfg())
+    model.normalizer.update(torch.randn(256, 29) * 3 + 1)
+    obs = torch.randn(512, 29) * 3 + 1
+    compiled = torch.compile(model)
+    ref_mean, ref_value = _reference(model, obs)
+    mean, value = compiled(obs)
+    torch.testing.assert_close(mean, ref_mean, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(value, ref_value, atol=1e-5, rtol=1e-4)
+    for got, ref in zip(_grads(model, mean, value), _grads(model, ref_mean, ref_value)):
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    # bf16 hidden layers: close to the fp32 network, to bf16's resolution.
+    with torch.no_grad():
+        mean16, value16 = compiled(obs, bf16=True)
+    torch.testing.assert_close(mean16, ref_mean.detach(), atol=2e-3, rtol=0.05)
+    torch.testing.assert_close(value16, ref_value.detach(), atol=0.05, rtol=0.05)
 
 
 def slow_gae(rewards, values, dones, last_value, gamma, lam):
@@ -97,6 +140,28 @@ def test_first_minibatch_has_ratio_one_and_zero_kl(task_cfg, mixed_precision):
     assert abs(kl) < 1e-7 and clip_fraction == 0.0
     # With ratio 1 the clipped surrogate is minus the mean advantage of the minibatch.
     assert abs(surrogate + float(s.flat("advantages")[idx].mean())) < 1e-5
+
+
+def test_chunked_minibatch_takes_the_same_step(task_cfg):
+    """Accumulating a minibatch's gradient over chunks (done on CPUs, for the cache) is
+    the same optimizer step as taking it whole."""
+    whole, chunked = _rollout(task_cfg), _rollout(task_cfg)
+    chunked.chunks = 4
+    for ppo in (whole, chunked):
+        ppo.cfg.max_grad_norm = 1e9          # compare the gradients themselves, unclipped
+    s = whole.storage
+    args = (s.flat("obs"), s.flat("actions"), s.flat("log_probs"), s.flat("means"), whole.old_log_std,
+            s.flat("advantages"), s.flat("returns"), s.flat("values"))
+    idx = torch.randperm(s.T * s.N)[:whole.minibatch]
+    torch.testing.assert_close(chunked._step(idx, args), whole._step(idx, args))
+    for a, b in zip(whole.model.parameters(), chunked.model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(whole.model.actor[0].weight, _rollout(task_cfg).model.actor[0].weight)
+    assert minibatch_chunks(24576, torch.device("cpu")) == 3
+    assert minibatch_chunks(128, torch.device("cpu")) == 1
+    assert minibatch_chunks(8209, torch.device("cpu")) == 1       # a prime: no tiny chunks
+    assert minibatch_chunks(24576, torch.device("cuda")) == 1
 
 
 def test_update_changes_policy_and_adapts_lr(task_cfg):

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from soarm.training import fused_mlp
+
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -31,7 +33,6 @@ class PolicyCfg:
 
 
 ACTIVATIONS = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
-
 
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
     """log N(x; mean, diag(exp(log_std))^2), summed over the last dim."""
@@ -106,12 +107,6 @@ def mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def _run(net: nn.Sequential, x: torch.Tensor, bf16: bool) -> torch.Tensor:
-    with torch.autocast(x.device.type, torch.bfloat16, enabled=bf16):
-        hidden = net[:-1](x)
-    return net[-1](hidden.float())
-
-
 class ActorCritic(nn.Module):
     """Separate actor and critic MLPs behind one observation normalizer."""
 
@@ -127,14 +122,13 @@ class ActorCritic(nn.Module):
         return [*self.actor.parameters(), self.log_std]
 
     def forward(self, obs: torch.Tensor, bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """(action mean [B, A], value [B]) of raw observations. With `bf16` the hidden layers
-        run in bfloat16; the output layers stay fp32, since a value of ~100 in bfloat16
-        is only good to 0.5, which drowns the per-step rewards in the advantages."""
+        """(action mean [B, A], value [B]) of raw observations, as training runs them
+        (`fused_mlp`); with `bf16` the hidden layers run in bfloat16."""
         x = self.normalizer(obs)
-        return _run(self.actor, x, bf16), _run(self.critic, x, bf16).squeeze(-1)
+        return fused_mlp.forward(self.actor, x, bf16), fused_mlp.forward(self.critic, x, bf16).squeeze(-1)
 
     def value(self, obs: torch.Tensor, bf16: bool = False) -> torch.Tensor:
-        return _run(self.critic, self.normalizer(obs), bf16).squeeze(-1)
+        return fused_mlp.forward(self.critic, self.normalizer(obs), bf16).squeeze(-1)
 
     def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
         """The deployed policy: the mean action."""

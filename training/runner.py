@@ -188,8 +188,8 @@ class Runner:
                     action = ppo.act(t, obs)
                     obs, reward, terminated, truncated, info = env.step(action)
                     ppo.record(t, reward, terminated, truncated, info["final_obs"])
-                ppo.compute_returns(obs)
-            timer.mark()
+            timer.mark()                    # returns count as update, as in rsl_rl's timing
+            ppo.compute_returns(obs)
             stats = ppo.update()
             self.model.normalizer.update(ppo.storage.obs, self.dist.group)
             timer.mark()

@@ -218,7 +218,8 @@ def plot(logs: list[BenchLog], fits: dict[str, dict[str, float]], path: str | Pa
         ax.plot(log.t, log.position, "k", lw=1.5, label="recorded")
         for model, style in ((OURS, "C0"), (BASELINE, "C3")):
             sim = replay(model, {k: torch.tensor([v]) for k, v in fits[model.name].items()}, log)[0]
-            ax.plot(log.t, sim.numpy(), style, lw=1, label=f"{model.name} (RMS {evaluate(model, fits[model.name], log) * 1000:.1f} mrad)")
+            rms = evaluate(model, fits[model.name], log)
+            ax.plot(log.t, sim.numpy(), style, lw=1, label=f"{model.name} (RMS {rms * 1000:.1f} mrad)")
         ax.set_title(log.name)
         ax.set_ylabel("rad")
         ax.legend(loc="best", fontsize=8)

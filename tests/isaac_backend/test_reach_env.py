@@ -109,8 +109,9 @@ def test_same_joint_targets_give_the_same_fingertip_path_in_both_backends(tmp_pa
                 sim.step(full, task.substeps)
                 diffs.append(float((env.fingertip()[0] - sim.dyn.fingertip(sim.q)[0]).norm()))
         d = np.array(diffs)
-        report = {"mass_scale": mass, "steps": len(d), "mean_mm": d.mean() * 1e3, "rms_mm": math.sqrt((d ** 2).mean()) * 1e3,
-                  "max_mm": d.max() * 1e3, "wall_s": time.perf_counter() - t0}
+        report = {"mass_scale": mass, "steps": len(d), "mean_mm": d.mean() * 1e3,
+                  "rms_mm": math.sqrt((d ** 2).mean()) * 1e3, "max_mm": d.max() * 1e3,
+                  "wall_s": time.perf_counter() - t0}
         print("backend agreement: " + json.dumps(report))
         assert report["rms_mm"] < 2.0 and report["max_mm"] < 5.0, report
     finally:
