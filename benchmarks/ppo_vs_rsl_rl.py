@@ -202,7 +202,7 @@ def main() -> None:
     head = {"num_envs": cfg.run.num_envs, "steps_per_env": cfg.ppo.num_steps, "epochs": cfg.ppo.epochs,
             "minibatches": cfg.ppo.minibatches, "actor": list(cfg.policy.actor_hidden),
             "critic": list(cfg.policy.critic_hidden), "obs_normalization": True, "threads": args.threads,
-            "device": "cpu", "torch": torch.__version__, "rsl_rl": version("rsl-rl-lib")}
+            "device": "cpu", "torch": torch.__version__, "rsl_rl_version": version("rsl-rl-lib")}
     if args.learn:
         result = {**head, **learning(cfg, args.seeds, args.learn_iterations, args.targets)}
     else:
