@@ -130,12 +130,19 @@ def throughput(cfg: TrainCfg, rounds: int, iterations: int, warmup: int) -> dict
     for run, timings in sides.values():      # warm-up (compile, caches): not timed
         run(warmup)
         timings.clear()
+    per_round = []
     for r in range(rounds):
         for run, _ in sides.values():
             run(iterations)
         print(f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {steps / sum(t[-1]):.0f}" for k, (_, t) in sides.items())
               + " env-steps/s", file=sys.stderr)
+        # This round's ratios too: the machine's speed drifts between rounds, and not by
+        # the same factor for every side.
+        now = {k: rates(t[-iterations:], steps) for k, (_, t) in sides.items()}
+        per_round.append({f"{phase}_ours_over_rsl_rl": now["ours"][f"{phase}_steps_per_s"]
+                          / now["rsl_rl"][f"{phase}_steps_per_s"] for phase in ("update", "total")})
     out = {k: rates(t, steps) for k, (_, t) in sides.items()}
+    out["rounds"] = per_round
     out["precision_ours"] = "bf16" if ours.ppo.bf16 else "fp32"
     for peer in ("rsl_rl", "rsl_rl_bf16"):
         out[f"ratio_ours_over_{peer}"] = {k.replace("_steps_per_s", ""): out["ours"][k] / out[peer][k]
