@@ -207,6 +207,16 @@ def rewards(cfg: RewardCfg, error: torch.Tensor, action: torch.Tensor, last_acti
     }
 
 
+def task_state(num_envs: int, num_actions: int, device) -> tuple[torch.Tensor, ...]:
+    """The per-environment task state every simulator keeps, zeroed: target [N, 3], last
+    policy output, commanded arm goal (rad), the previous goal (for one-step latency)
+    [N, A] each, whether the env has latency [N] (bool), and the previous measured joints [N, A]."""
+    kw = dict(device=device, dtype=torch.float32)
+    return (torch.zeros(num_envs, 3, **kw), torch.zeros(num_envs, num_actions, **kw),
+            torch.zeros(num_envs, num_actions, **kw), torch.zeros(num_envs, num_actions, **kw),
+            torch.zeros(num_envs, dtype=torch.bool, device=device), torch.zeros(num_envs, num_actions, **kw))
+
+
 def uniform(gen: torch.Generator, shape, bounds: tuple[float, float], device, dtype) -> torch.Tensor:
     lo, hi = bounds
     return lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=dtype).to(device)

@@ -16,7 +16,7 @@ import torch
 from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription, load_robot
 from soarm.reach import (ACTION_DIM, OBS_DIM, ReachCfg, action_to_goal, check_action, full_pose, observe,
-                         rewards, sample_targets, terminations, tick_offsets, uniform)
+                         rewards, sample_targets, task_state, terminations, tick_offsets, uniform)
 from soarm.servo import ServoConfig
 from soarm.sim import ArmSim
 from soarm.training.episode_stats import EpisodeStats
@@ -51,14 +51,9 @@ class ReachEnv:
         self.fixed_targets = None if targets is None else torch.as_tensor(targets, dtype=torch.float32,
                                                                           device=self.device)
         self.drawn = 0
-        kw = dict(device=self.device, dtype=torch.float32)
         N = num_envs
-        self.target = torch.zeros(N, 3, **kw)
-        self.action = torch.zeros(N, ACTION_DIM, **kw)          # last policy output
-        self.goal = torch.zeros(N, ACTION_DIM, **kw)            # commanded arm goal (rad)
-        self.pending = torch.zeros(N, ACTION_DIM, **kw)         # the previous goal, for one-step latency
-        self.latent = torch.zeros(N, dtype=torch.bool, device=self.device)
-        self.prev_meas = torch.zeros(N, ACTION_DIM, **kw)
+        self.target, self.action, self.goal, self.pending, self.latent, self.prev_meas = task_state(
+            N, ACTION_DIM, self.device)
         self.step_count = torch.zeros(N, dtype=torch.long, device=self.device)
         self.episodes = EpisodeStats(N, self.device)
         self.obs = self.reset()

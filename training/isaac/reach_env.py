@@ -21,8 +21,8 @@ from isaaclab.envs import DirectRLEnv
 from soarm import config
 from soarm.description import load_robot
 from soarm.dynamics import ArmDynamics
-from soarm.reach import (ReachCfg, action_to_goal, full_pose, observe, rewards, sample_targets, terminations,
-                         tick_offsets, uniform)
+from soarm.reach import (ReachCfg, action_to_goal, full_pose, observe, rewards, sample_targets, task_state,
+                         terminations, tick_offsets, uniform)
 from soarm.training.episode_stats import EpisodeStats
 from soarm.training.isaac.reach_env_cfg import SO101ReachEnvCfg
 
@@ -42,14 +42,9 @@ class SO101ReachEnv(DirectRLEnv):
         self.target_pool = sample_targets(self.dyn, self.task.command, max(65536, 4 * self.num_envs), self.gen)
         self.window = self.task.window_steps
         N, A = self.num_envs, len(self.robot.arm_joints)
-        kw = dict(device=self.device, dtype=torch.float32)
-        self.target = torch.zeros(N, 3, **kw)
-        self.action = torch.zeros(N, A, **kw)             # last policy output
-        self.goal = torch.zeros(N, A, **kw)               # commanded arm goal (rad)
-        self.pending = torch.zeros(N, A, **kw)            # the previous goal, for one-step latency
-        self.latent = torch.zeros(N, dtype=torch.bool, device=self.device)
-        self.prev_meas = torch.zeros(N, A, **kw)
-        self.joint_goal = torch.zeros(N, len(self.robot.names), **kw)
+        self.target, self.action, self.goal, self.pending, self.latent, self.prev_meas = task_state(
+            N, A, self.device)
+        self.joint_goal = torch.zeros(N, len(self.robot.names), device=self.device)
         self.gripper = self.robot.index(self.robot.gripper_joint)
         self.episodes = EpisodeStats(N, self.device)
         # The body each joint moves, and its nominal mass and inertia, for mass randomization.
