@@ -70,14 +70,12 @@ class Rig:
         if process:
             self.tmp = tempfile.TemporaryDirectory()
             self.emu = EmulatorProcess(Path(self.tmp.name) / "calibration.json", seed=1)
-            self.bus = FeetechBus(self.emu.port, ids)
-            self.bus.connect()
-            self.cal = calibration.load(self.emu.calibration)
         else:
             self.emu = ServoBusEmulator(seed=1, compile=True).start()
-            self.bus = FeetechBus(self.emu.port, ids)
-            self.bus.connect()
-            self.cal = calibration.calibrate_emulated(self.emu, self.bus, self.robot)
+        self.bus = FeetechBus(self.emu.port, ids)
+        self.bus.connect()
+        self.cal = (calibration.load(self.emu.calibration) if process
+                    else calibration.calibrate_emulated(self.emu, self.bus, self.robot))
         self.safety = SafetyLayer.for_arm(SafetyCfg(), self.robot, self.cal)
         self.loop = ControlLoop(self.bus, PolicyRuntime(policy), self.cal, self.safety, lambda: TARGET,
                                 rate_hz=rate)

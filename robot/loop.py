@@ -67,24 +67,20 @@ class PolicyStep:
         fresh = q is not None
         q = self.q_prev if q is None else np.asarray(q, dtype=np.float32)
         goal, action = self.goal, None
-        if target is None:
-            decision = self.safety.filter(goal, q, fresh, True, self.dt, velocity=(q - self.q_prev) / self.dt)
-            if decision.goal is not None:
-                self.goal, self.q_prev = decision.goal.astype(np.float32), q
-                self.last_action = np.zeros_like(self.last_action)
-            return StepResult(decision, None, None, fault)
-        if fresh:
+        if fresh and target is not None:
             try:
                 obs = self.rt.observe(q, self.q_prev, self.goal, target, self.last_action)
                 action = self.rt.act(obs)[0]
                 goal = self.rt.next_goal(self.goal, action)[0]
             except PolicyError as e:
                 action, fault = None, str(e)
-        decision = self.safety.filter(goal, q, fresh, action is not None, self.dt,
+        # Holding (no target yet) is a valid command: the current goal, through the clamps.
+        decision = self.safety.filter(goal, q, fresh, target is None or action is not None, self.dt,
                                       velocity=(q - self.q_prev) / self.dt)
         if decision.goal is not None:
             self.goal = decision.goal.astype(np.float32)
-            self.last_action = action if decision.kind == COMMAND else np.zeros_like(self.last_action)
+            self.last_action = (action if action is not None and decision.kind == COMMAND
+                                else np.zeros_like(self.last_action))
             self.q_prev = q
         return StepResult(decision, action, goal if action is not None else None, fault)
 

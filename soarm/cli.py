@@ -119,10 +119,9 @@ def _emulate(args) -> int:
             _self_calibrate(emu, args.calibrate)
         port = emu.port
         if args.link:
-            tmp = args.link.with_name(args.link.name + ".tmp")
-            tmp.unlink(missing_ok=True)
-            tmp.symlink_to(emu.port)
-            tmp.replace(args.link)
+            from soarm.files import atomic_write
+
+            atomic_write(args.link, lambda tmp: tmp.symlink_to(emu.port))
             port = f"{args.link} -> {emu.port}"
         # SIGUSR1 pulls the adapter out (fault tests on a separate emulator process);
         # SIGTERM ends the emulator like Ctrl-C.

@@ -12,10 +12,10 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)               # left by a killed writer
     try:
         write(tmp)
         os.replace(tmp, path)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
     return path

@@ -177,6 +177,13 @@ def sample_targets(dyn: ArmDynamics, cfg: CommandCfg, n: int, gen: torch.Generat
     raise RuntimeError("command region too small: could not sample reachable targets")
 
 
+def draw_targets(pool: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
+    """n targets from a pool sampled once by `sample_targets`: a gather per draw instead
+    of forward kinematics of fresh configurations."""
+    idx = torch.randint(0, len(pool), (n,), generator=gen)
+    return pool[idx.to(pool.device)]
+
+
 def in_region(p: torch.Tensor, cfg: CommandCfg) -> torch.Tensor:
     radius = torch.hypot(p[:, 0], p[:, 1])
     bearing = torch.atan2(p[:, 1], p[:, 0]).abs()

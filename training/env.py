@@ -16,7 +16,7 @@ import torch
 from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription, load_robot
 from soarm.reach import (ACTION_DIM, OBS_DIM, ReachCfg, action_to_goal, check_action, full_pose, observe,
-                         rewards, sample_targets, task_state, terminations, tick_offsets, uniform)
+                         draw_targets, rewards, sample_targets, task_state, terminations, tick_offsets, uniform)
 from soarm.servo import ServoConfig
 from soarm.sim import ArmSim
 from soarm.training.episode_stats import EpisodeStats
@@ -45,8 +45,6 @@ class ReachEnv:
         self.num_obs, self.num_actions = OBS_DIM, ACTION_DIM
         self.max_steps, self.window = cfg.episode_steps, cfg.window_steps
         self.arm = torch.tensor(self.robot.arm_index, device=self.device)
-        # Targets are drawn from a pool sampled once: a gather per step instead of forward
-        # kinematics of fresh configurations for every environment.
         self.target_pool = sample_targets(self.dyn, cfg.command, max(65536, 4 * num_envs), self.gen)
         self.fixed_targets = None if targets is None else torch.as_tensor(targets, dtype=torch.float32,
                                                                           device=self.device)
@@ -102,8 +100,7 @@ class ReachEnv:
             idx = (self.drawn + torch.arange(self.num_envs, device=self.device)) % len(self.fixed_targets)
             self.drawn += self.num_envs
             return self.fixed_targets[idx]
-        idx = torch.randint(0, len(self.target_pool), (self.num_envs,), generator=self.gen)
-        return self.target_pool[idx.to(self.device)]
+        return draw_targets(self.target_pool, self.num_envs, self.gen)
 
     def _observe(self, meas: torch.Tensor | None = None) -> torch.Tensor:
         meas = self.sim.measured()[:, self.arm] if meas is None else meas

@@ -58,6 +58,8 @@ class _OutputLayer(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         h, weight = ctx.saved_tensors
+        # grad @ weight, written out over the 1 or 5 units so that it fuses into the
+        # activation's backward instead of running as a GEMM with K = 5.
         grad_h = sum(grad[:, j, None] * weight[j] for j in range(weight.shape[0])).to(h.dtype)
         grad_weight = (grad.t().to(h.dtype) @ h).float()
         return grad_h, grad_weight, grad.sum(0)

@@ -21,8 +21,8 @@ from isaaclab.envs import DirectRLEnv
 from soarm import config
 from soarm.description import load_robot
 from soarm.dynamics import ArmDynamics
-from soarm.reach import (ReachCfg, action_to_goal, full_pose, observe, rewards, sample_targets, task_state,
-                         terminations, tick_offsets, uniform)
+from soarm.reach import (ReachCfg, action_to_goal, draw_targets, full_pose, observe, rewards, sample_targets,
+                         task_state, terminations, tick_offsets, uniform)
 from soarm.training.episode_stats import EpisodeStats
 from soarm.training.isaac.reach_env_cfg import SO101ReachEnvCfg
 
@@ -53,6 +53,7 @@ class SO101ReachEnv(DirectRLEnv):
         self.nominal_mass = self.arm_robot.data.body_mass.torch[:, self.bodies].clone()
         self.nominal_inertia = self.arm_robot.data.body_inertia.torch[:, self.bodies].clone()
         self._reset_idx(None)
+        self.obs_meas = self.prev_meas.clone()           # the reading the latest observation was made from
 
     # ------------------------------------------------------------ helpers
     def measured(self) -> torch.Tensor:
@@ -61,10 +62,6 @@ class SO101ReachEnv(DirectRLEnv):
 
     def fingertip(self) -> torch.Tensor:
         return self.dyn.fingertip(self.arm_robot.data.joint_pos.torch)
-
-    def _draw_targets(self, n: int) -> torch.Tensor:
-        idx = torch.randint(0, len(self.target_pool), (n,), generator=self.gen)
-        return self.target_pool[idx.to(self.device)]
 
     # ------------------------------------------------------------ step
     def _pre_physics_step(self, actions: torch.Tensor) -> None:
@@ -97,18 +94,19 @@ class SO101ReachEnv(DirectRLEnv):
                              self.episode_length_buf)
         self.extras["window_error"] = torch.where(window_end, dist, torch.nan)
         redraw = window_end & ~done
-        self.target = torch.where(redraw[:, None], self._draw_targets(self.num_envs), self.target)
+        new = draw_targets(self.target_pool, self.num_envs, self.gen)
+        self.target = torch.where(redraw[:, None], new, self.target)
         return reward
 
     def step(self, action: torch.Tensor):
         out = super().step(action)
-        # The velocity term of the next observation differences against this reading
-        # (reset environments already hold their reset pose there).
-        self.prev_meas = self.measured()
+        # The velocity term of the next observation differences against the reading this
+        # one was made from (reset environments already hold their reset pose there).
+        self.prev_meas = self.obs_meas
         return out
 
     def _get_observations(self) -> dict:
-        meas = self.measured()
+        self.obs_meas = meas = self.measured()
         obs = observe(self.dyn, meas, self.prev_meas, self.goal, self.target, self.action, self.task.control_hz)
         return {"policy": obs}
 
@@ -144,7 +142,7 @@ class SO101ReachEnv(DirectRLEnv):
         self.prev_meas[env_ids] = meas
         self.joint_goal[env_ids] = full
         self.action[env_ids] = 0.0
-        self.target[env_ids] = self._draw_targets(n)
+        self.target[env_ids] = draw_targets(self.target_pool, n, self.gen)
         mask = torch.zeros(self.num_envs, dtype=torch.bool, device=dev)
         mask[env_ids] = True
         self.episodes.reset(mask)
