@@ -134,8 +134,7 @@ def test_first_minibatch_has_ratio_one_and_zero_kl(task_cfg, mixed_precision):
                                atol=1e-5, rtol=0)
     torch.testing.assert_close(value, s.flat("values"))
     idx = torch.arange(ppo.minibatch)
-    _, stats = ppo._loss(idx, s.flat("obs"), s.flat("actions"), s.flat("log_probs"), s.flat("means"),
-                         ppo.old_log_std, s.flat("advantages"), s.flat("returns"), s.flat("values"))
+    _, stats = ppo._loss(idx, *ppo._loss_args())
     surrogate, value_loss, entropy, kl, clip_fraction = stats.tolist()
     assert abs(kl) < 1e-7 and clip_fraction == 0.0
     # With ratio 1 the clipped surrogate is minus the mean advantage of the minibatch.
@@ -150,8 +149,7 @@ def test_chunked_minibatch_takes_the_same_step(task_cfg):
     for ppo in (whole, chunked):
         ppo.cfg.max_grad_norm = 1e9          # compare the gradients themselves, unclipped
     s = whole.storage
-    args = (s.flat("obs"), s.flat("actions"), s.flat("log_probs"), s.flat("means"), whole.old_log_std,
-            s.flat("advantages"), s.flat("returns"), s.flat("values"))
+    args = whole._loss_args()
     idx = torch.randperm(s.T * s.N)[:whole.minibatch]
     torch.testing.assert_close(chunked._step(idx, args), whole._step(idx, args))
     for a, b in zip(whole.model.parameters(), chunked.model.parameters()):

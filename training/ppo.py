@@ -157,15 +157,16 @@ class PPO:
         s.advantages.copy_((adv - adv.mean()) / (adv.std() + 1e-8))
 
     # ----------------------------------------------------------------- update
-    def _loss_eager(self, idx, obs, actions, old_log_prob, old_mean, old_log_std, adv, ret, old_value):
+    def _loss_eager(self, idx, samples, old_log_std):
         cfg = self.cfg
-        mean, value = self.model(obs[idx], self.bf16)
+        f = self.storage.fields(samples[idx])       # one gather of whole sample rows
+        mean, value = self.model(f["obs"], self.bf16)
         log_std = self.model.log_std
-        log_prob = gaussian_log_prob(actions[idx], mean, log_std)
-        ratio = torch.exp(log_prob - old_log_prob[idx])
-        a = adv[idx]
+        log_prob = gaussian_log_prob(f["actions"], mean, log_std)
+        ratio = torch.exp(log_prob - f["log_probs"])
+        a = f["advantages"]
         surrogate = -torch.min(ratio * a, torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip) * a).mean()
-        r, v_old = ret[idx], old_value[idx]
+        r, v_old = f["returns"], f["values"]
         value_loss = (value - r).square()
         if cfg.value_clip > 0:
             clipped = v_old + torch.clamp(value - v_old, -cfg.value_clip, cfg.value_clip)
@@ -174,16 +175,21 @@ class PPO:
         entropy = gaussian_entropy(log_std)
         loss = surrogate + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
         with torch.no_grad():
-            kl = gaussian_kl(old_mean[idx], old_log_std, mean, log_std).mean()
+            kl = gaussian_kl(f["means"], old_log_std, mean, log_std).mean()
             clip_fraction = ((ratio - 1).abs() > cfg.clip).float().mean()
             stats = torch.stack((surrogate, value_loss, entropy, kl, clip_fraction))
         return loss, stats
 
+    def _loss_args(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What `_loss` reads besides the minibatch's indices: the sample rows [T * N, width]
+        and the std the rollout sampled with."""
+        s = self.storage
+        return s.samples.view(s.T * s.N, -1), self.old_log_std
+
     def update(self) -> dict[str, torch.Tensor]:
         """Epochs of minibatch SGD over the rollout; returns mean statistics as device tensors."""
         s, cfg = self.storage, self.cfg
-        args = (s.flat("obs"), s.flat("actions"), s.flat("log_probs"), s.flat("means"), self.old_log_std,
-                s.flat("advantages"), s.flat("returns"), s.flat("values"))
+        args = self._loss_args()
         total = torch.zeros(len(STAT_NAMES), device=self.device)
         n = 0
         B = s.T * s.N
@@ -258,10 +264,9 @@ class PPO:
             with torch.no_grad():       # as in the rollout: grad mode is part of the compiled guard
                 obs = torch.zeros(s.N, self.model.obs_dim, device=self.device)
                 self._act(obs, torch.zeros(s.N, self.model.action_dim, device=self.device))
-                self._gae(s.rewards, s.values, s.dones, s.values[0], self.cfg.gamma, self.cfg.lam)
+                self._gae(s.rewards, s.values, s.dones, torch.zeros_like(s.rewards[0]), self.cfg.gamma, self.cfg.lam)
             idx = torch.arange(self.minibatch // self.chunks, device=self.device)
-            loss, _ = self._loss(idx, s.flat("obs"), s.flat("actions"), s.flat("log_probs"), s.flat("means"),
-                                 self.old_log_std, s.flat("advantages"), s.flat("returns"), s.flat("values"))
+            loss, _ = self._loss(idx, *self._loss_args())
             loss.backward()
         except Exception as e:  # noqa: BLE001 - a compiler/toolchain failure: run eagerly
             print(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:120]}); running eagerly")
