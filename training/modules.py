@@ -71,11 +71,11 @@ class Normalizer(nn.Module):
         return (x - self.mean) / (self.var.sqrt() + self.eps)
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor, group=None) -> None:
-        """Merge the rows of x [..., dim]; with a process group, the rows of every rank."""
-        x = x.reshape(-1, x.shape[-1])
-        var, mean = torch.var_mean(x, dim=0, correction=0)
-        n = torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device)
+    def update(self, x: torch.Tensor, group=None, moments=None) -> None:
+        """Merge the rows of x [..., dim]; with a process group, the rows of every rank.
+        `moments` computes `batch_moments` (the trainer passes a compiled one)."""
+        var, mean = (moments or batch_moments)(x)
+        n = torch.tensor(float(x.numel() // x.shape[-1]), dtype=torch.float64, device=x.device)
         mean, m2 = mean.double(), var.double() * n
         if group is not None:
             sums = torch.cat((n[None], mean * n))
@@ -91,6 +91,11 @@ class Normalizer(nn.Module):
         self.mean.copy_(self.mean.double() + delta * (n / total))
         self.var.copy_(m2_all / total)
         self.count.copy_(total)
+
+
+def batch_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(variance, mean) of each feature over the rows of x [..., dim]."""
+    return torch.var_mean(x.reshape(-1, x.shape[-1]), dim=0, correction=0)
 
 
 def mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:

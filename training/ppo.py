@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from soarm.training.modules import ActorCritic, gaussian_entropy, gaussian_kl, gaussian_log_prob
+from soarm.training.modules import ActorCritic, batch_moments, gaussian_entropy, gaussian_kl, gaussian_log_prob
 from soarm.training.storage import RolloutStorage, gae
 
 SCHEDULES = ("adaptive", "linear", "fixed")
@@ -108,6 +108,7 @@ class PPO:
         self._act = compile_or_eager(self._act_eager, "action selection", compile)
         self._loss = compile_or_eager(self._loss_eager, "the PPO loss", compile)
         self._gae = compile_or_eager(gae, "GAE", compile)
+        self._moments = compile_or_eager(batch_moments, "the normalizer statistics", compile)
         if compile:
             self._warm_up()
 
@@ -242,6 +243,11 @@ class PPO:
                           torch.where((kl < cfg.desired_kl / 2) & (kl > 0), torch.clamp(lr * 1.5, max=hi), lr))
         lr.copy_(new)
 
+    def update_normalizer(self) -> None:
+        """Merge the rollout's observations into the normalizer, after the update that
+        used the frozen statistics."""
+        self.model.normalizer.update(self.storage.obs, self.group, self._moments)
+
     def set_linear_lr(self, progress: float) -> None:
         """Linear annealing towards zero, progress in [0, 1)."""
         self.lr.fill_(max(self.cfg.learning_rate * (1 - progress), self.cfg.lr_bounds[0]))
@@ -265,10 +271,11 @@ class PPO:
                 obs = torch.zeros(s.N, self.model.obs_dim, device=self.device)
                 self._act(obs, torch.zeros(s.N, self.model.action_dim, device=self.device))
                 self._gae(s.rewards, s.values, s.dones, torch.zeros_like(s.rewards[0]), self.cfg.gamma, self.cfg.lam)
+                self._moments(s.obs)
             idx = torch.arange(self.minibatch // self.chunks, device=self.device)
             loss, _ = self._loss(idx, *self._loss_args())
             loss.backward()
         except Exception as e:  # noqa: BLE001 - a compiler/toolchain failure: run eagerly
             print(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:120]}); running eagerly")
-            self._act, self._loss, self._gae = self._act_eager, self._loss_eager, gae
+            self._act, self._loss, self._gae, self._moments = self._act_eager, self._loss_eager, gae, batch_moments
         self.optimizer.zero_grad(set_to_none=False)

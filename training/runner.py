@@ -191,7 +191,7 @@ class Runner:
             timer.mark()                    # returns count as update, as in rsl_rl's timing
             ppo.compute_returns(obs)
             stats = ppo.update()
-            self.model.normalizer.update(ppo.storage.obs, self.dist.group)
+            ppo.update_normalizer()
             timer.mark()
             self.elapsed += time.perf_counter() - t_start
             row = self._summarize(it, stats, timer.laps(), steps_per_iter)
