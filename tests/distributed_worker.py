@@ -1,6 +1,7 @@
 """One rank of the gloo test in test_runner.py (run by torchrun): train a tiny config for
 two iterations, then dump what must agree (or differ) between ranks."""
 
+import gc
 import sys
 from pathlib import Path
 
@@ -11,13 +12,21 @@ from test_runner import tiny_cfg  # noqa: E402
 
 from soarm.training.runner import Runner  # noqa: E402
 
-out = Path(sys.argv[1])
-torch.set_num_threads(1)
-runner = Runner(tiny_cfg(2), out / "run", progress=False)
-runner.learn()
-torch.save({
-    "params": torch.cat([p.detach().reshape(-1) for p in runner.model.parameters()]),
-    "norm_mean": runner.model.normalizer.mean, "norm_count": runner.model.normalizer.count,
-    "lr": runner.ppo.lr, "obs": runner.env.obs,
-}, out / f"rank{runner.dist.rank}.pt")
+
+def main(out: Path) -> None:
+    torch.set_num_threads(1)
+    runner = Runner(tiny_cfg(2), out / "run", progress=False)
+    runner.learn()
+    torch.save({
+        "params": torch.cat([p.detach().reshape(-1) for p in runner.model.parameters()]),
+        "norm_mean": runner.model.normalizer.mean, "norm_count": runner.model.normalizer.count,
+        "lr": runner.ppo.lr, "obs": runner.env.obs,
+    }, out / f"rank{runner.dist.rank}.pt")
+
+
+# The runner holds the process group: free it (cycles included) before the group is destroyed,
+# since a group left to interpreter teardown can abort in gloo's threads (seen once in CI).
+main(Path(sys.argv[1]))
+gc.collect()
+torch.distributed.barrier()
 torch.distributed.destroy_process_group()

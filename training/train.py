@@ -86,5 +86,6 @@ def train(config_path: Path, overrides: dict[str, Any], resume_path: Path | None
             print(f"evaluate: {summary(result)}  [report {run_dir / 'eval.json'}]")
             out["eval"] = result
     if torch.distributed.is_initialized():
+        torch.distributed.barrier()      # rank 0 may still be evaluating; leave together
         torch.distributed.destroy_process_group()
     return out
