@@ -9,7 +9,7 @@ normalization of configs/train/reach.yaml, and the same CPU threads. Rounds alte
 update times come from its own runner's timers.
 
     python benchmarks/ppo_vs_rsl_rl.py [--envs 4096] [--rounds 3] [--iterations 4]
-    python benchmarks/ppo_vs_rsl_rl.py --learn --seeds 0 1 2 --learn-iterations 150
+    python benchmarks/ppo_vs_rsl_rl.py --learn --seeds 0 1 2 --learn-iterations 150 [--sides ours rsl_rl]
 
 Prints JSON: env-steps/s (collection, update, total) for each and our/rsl_rl ratios;
 with --learn, the final evaluation of each seed at equal env steps.
@@ -150,37 +150,41 @@ def throughput(cfg: TrainCfg, rounds: int, iterations: int, warmup: int) -> dict
     return out
 
 
-def learning(cfg: TrainCfg, seeds: list[int], iterations: int, targets: int) -> dict:
-    out: dict = {"iterations": iterations, "env_steps": iterations * cfg.ppo.num_steps * cfg.run.num_envs,
-                 "ours": {}, "rsl_rl": {}}
+def learning(cfg: TrainCfg, seeds: list[int], iterations: int, targets: int, sides: list[str]) -> dict:
+    out: dict = {"iterations": iterations, "env_steps": iterations * cfg.ppo.num_steps * cfg.run.num_envs}
+    out.update({side: {} for side in sides})
+    task = config.load(ReachCfg, CONFIG_DIR / cfg.task)
     from tensordict import TensorDict
 
     for seed in seeds:
         run = copy.deepcopy(cfg)
         run.run.seed, run.run.iterations, run.run.eval_targets, run.run.save_every = seed, iterations, 0, 10**9
-        t0 = time.time()
-        ours = Runner(run, Path(tempfile.mkdtemp(prefix="ppo_learn_")), progress=False)
-        ours.learn()
-        with torch.no_grad():
-            res = evaluate(ours.model.eval().act_deterministic, ours.task, targets=targets, progress=False)
-        out["ours"][seed] = {**res, "wall_s": time.time() - t0}
-        print(f"seed {seed}: ours {res['mean_error_m'] * 1000:.1f} mm in {time.time() - t0:.0f} s", file=sys.stderr)
-        torch.manual_seed(seed)
-        t0 = time.time()
-        rsl, env, _ = quiet(rsl_rl_runner, run, seed)
-        quiet(rsl.learn, iterations)
-        policy = rsl.get_inference_policy()
-        n = 64
+        for side in sides:
+            t0 = time.time()
+            if side == "ours":
+                ours = Runner(run, Path(tempfile.mkdtemp(prefix="ppo_learn_")), progress=False)
+                ours.learn()
+                act = ours.model.eval().act_deterministic
+            else:
+                torch.manual_seed(seed)
+                rsl, _, _ = quiet(rsl_rl_runner, run, seed)
+                quiet(rsl.learn, iterations)
+                policy = rsl.get_inference_policy()
 
-        def act(obs, policy=policy):
-            return policy(TensorDict({"policy": obs}, batch_size=[obs.shape[0]]))
-        with torch.no_grad():
-            res = evaluate(act, ours.task, targets=targets, num_envs=n, progress=False)
-        out["rsl_rl"][seed] = {**res, "wall_s": time.time() - t0}
-        print(f"seed {seed}: rsl_rl {res['mean_error_m'] * 1000:.1f} mm in {time.time() - t0:.0f} s", file=sys.stderr)
-    for side in ("ours", "rsl_rl"):
+                def act(obs, policy=policy):
+                    return policy(TensorDict({"policy": obs}, batch_size=[obs.shape[0]]))
+            with torch.no_grad():
+                res = evaluate(act, task, targets=targets, progress=False)
+            out[side][seed] = {**res, "wall_s": time.time() - t0}
+            print(f"seed {seed}: {side} {res['mean_error_m'] * 1000:.2f} mm in {time.time() - t0:.0f} s",
+                  file=sys.stderr)
+    for side in sides:
         errs = [r["mean_error_m"] for r in out[side].values()]
-        out[side]["mean_over_seeds_m"] = sum(errs) / len(errs)
+        out[side]["mean_over_seeds_m"] = statistics.fmean(errs)
+        # Outcomes at a fixed step count scatter from seed to seed (and with rounding): the
+        # standard error says how far apart two such means can fall by chance alone.
+        if len(errs) > 1:
+            out[side]["standard_error_m"] = statistics.stdev(errs) / len(errs) ** 0.5
     return out
 
 
@@ -196,6 +200,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--learn-iterations", type=int, default=150)
     ap.add_argument("--targets", type=int, default=512)
+    ap.add_argument("--sides", nargs="+", choices=["ours", "rsl_rl"], default=["ours", "rsl_rl"],
+                    help="with --learn: which trainers to run (rsl_rl's outcome per seed is deterministic)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = config.load(TrainCfg, args.config)
@@ -211,7 +217,7 @@ def main() -> None:
             "critic": list(cfg.policy.critic_hidden), "obs_normalization": True, "threads": args.threads,
             "device": "cpu", "torch": torch.__version__, "rsl_rl_version": version("rsl-rl-lib")}
     if args.learn:
-        result = {**head, **learning(cfg, args.seeds, args.learn_iterations, args.targets)}
+        result = {**head, **learning(cfg, args.seeds, args.learn_iterations, args.targets, args.sides)}
     else:
         result = {**head, **throughput(cfg, args.rounds, args.iterations, args.warmup)}
     print(json.dumps(result, indent=2))
