@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from test_runner import tiny_cfg  # noqa: E402
 
-from soarm.training.runner import Runner  # noqa: E402
+from soarm.training.runner import Runner, close_distributed  # noqa: E402
 
 
 def main(out: Path) -> None:
@@ -28,5 +28,4 @@ def main(out: Path) -> None:
 # since a group left to interpreter teardown can abort in gloo's threads (seen once in CI).
 main(Path(sys.argv[1]))
 gc.collect()
-torch.distributed.barrier()
-torch.distributed.destroy_process_group()
+close_distributed()

@@ -88,6 +88,14 @@ def init_distributed(device: str) -> tuple[Dist, str]:
     return Dist(rank, world, torch.distributed.group.WORLD), device
 
 
+def close_distributed() -> None:
+    """Leave the process group together (rank 0 may still be evaluating or saving) and
+    destroy it."""
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 class PhaseTimer:
     """Seconds spent per phase; CUDA events on a GPU, so timing never syncs mid-iteration."""
 

@@ -22,7 +22,7 @@ import torch
 from soarm import CONFIG_DIR, REPO_ROOT, config
 from soarm.training import checkpoint
 from soarm.training.evaluate import evaluate, summary, write_report
-from soarm.training.runner import Runner, TrainCfg
+from soarm.training.runner import Runner, TrainCfg, close_distributed
 
 DEFAULT_CONFIG = CONFIG_DIR / "train" / "reach.yaml"
 
@@ -85,7 +85,5 @@ def train(config_path: Path, overrides: dict[str, Any], resume_path: Path | None
             write_report(result, run_dir / "eval.json")
             print(f"evaluate: {summary(result)}  [report {run_dir / 'eval.json'}]")
             out["eval"] = result
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()      # rank 0 may still be evaluating; leave together
-        torch.distributed.destroy_process_group()
+    close_distributed()
     return out
