@@ -124,16 +124,15 @@ def _rollout(task_cfg, N=32, T=8, mixed_precision=False):
 
 @pytest.mark.parametrize("mixed_precision", [False, True])
 def test_first_minibatch_has_ratio_one_and_zero_kl(task_cfg, mixed_precision):
-    """Also in bf16: the rollout and the update run the actor at the same precision. The
-    rollout's values are the fp32 critic's (they feed GAE)."""
+    """Also in bf16: the rollout and the update run the network at the same precision."""
     ppo = _rollout(task_cfg, mixed_precision=mixed_precision)
     s = ppo.storage
     with torch.no_grad():
-        mean = ppo.model.mean(s.flat("obs"), bf16=mixed_precision)
+        mean, value = ppo.model(s.flat("obs"), bf16=mixed_precision)
     log_prob = gaussian_log_prob(s.flat("actions"), mean, ppo.model.log_std).detach()
     torch.testing.assert_close(torch.exp(log_prob - s.flat("log_probs")), torch.ones_like(log_prob),
                                atol=1e-5, rtol=0)
-    torch.testing.assert_close(ppo.model.value(s.flat("obs")).detach(), s.flat("values"))
+    torch.testing.assert_close(value, s.flat("values"))
     idx = torch.arange(ppo.minibatch)
     _, stats = ppo._loss(idx, *ppo._loss_args())
     surrogate, value_loss, entropy, kl, clip_fraction = stats.tolist()
@@ -196,5 +195,5 @@ def test_truncation_bootstraps_from_final_observation(task_cfg):
     ppo.compute_returns(s.obs[-1])
     expected = rewards.clone()
     with torch.no_grad():
-        expected[3, 5] += ppo.cfg.gamma * ppo.model.value(s.obs[0, :1])[0]
+        expected[3, 5] += ppo.cfg.gamma * ppo.model.value(s.obs[0, :1], ppo.bf16)[0]
     torch.testing.assert_close(s.rewards, expected)

@@ -140,9 +140,6 @@ class ActorCritic(nn.Module):
         x = self.normalizer(obs)
         return fused_mlp.forward(self.actor, x, bf16), fused_mlp.forward(self.critic, x, bf16).squeeze(-1)
 
-    def mean(self, obs: torch.Tensor, bf16: bool = False) -> torch.Tensor:
-        return fused_mlp.forward(self.actor, self.normalizer(obs), bf16)
-
     def value(self, obs: torch.Tensor, bf16: bool = False) -> torch.Tensor:
         return fused_mlp.forward(self.critic, self.normalizer(obs), bf16).squeeze(-1)
 
