@@ -86,6 +86,14 @@ def rsl_rl_runner(cfg: TrainCfg, env_seed: int, mixed_precision: bool = False):
     return runner, env, timings
 
 
+def rsl_rl_policy(runner):
+    """rsl_rl's deterministic policy as a function of our observation batch."""
+    from tensordict import TensorDict
+
+    policy = runner.get_inference_policy()
+    return lambda obs: policy(TensorDict({"policy": obs}, batch_size=[obs.shape[0]]))
+
+
 # -------------------------------------------------------------------- helpers
 def rates(timings: list[tuple[float, float]], steps: int) -> dict:
     c = statistics.median(t[0] for t in timings)
@@ -154,8 +162,6 @@ def learning(cfg: TrainCfg, seeds: list[int], iterations: int, targets: int, sid
     out: dict = {"iterations": iterations, "env_steps": iterations * cfg.ppo.num_steps * cfg.run.num_envs}
     out.update({side: {} for side in sides})
     task = config.load(ReachCfg, CONFIG_DIR / cfg.task)
-    from tensordict import TensorDict
-
     for seed in seeds:
         run = copy.deepcopy(cfg)
         run.run.seed, run.run.iterations, run.run.eval_targets, run.run.save_every = seed, iterations, 0, 10**9
@@ -169,10 +175,7 @@ def learning(cfg: TrainCfg, seeds: list[int], iterations: int, targets: int, sid
                 torch.manual_seed(seed)
                 rsl, _, _ = quiet(rsl_rl_runner, run, seed)
                 quiet(rsl.learn, iterations)
-                policy = rsl.get_inference_policy()
-
-                def act(obs, policy=policy):
-                    return policy(TensorDict({"policy": obs}, batch_size=[obs.shape[0]]))
+                act = rsl_rl_policy(rsl)
             with torch.no_grad():
                 res = evaluate(act, task, targets=targets, progress=False)
             out[side][seed] = {**res, "wall_s": time.time() - t0}
