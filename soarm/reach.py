@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from soarm.description import RobotDescription
 from soarm.dynamics import ArmDynamics
 
 OBS_TERMS: tuple[tuple[str, int, str], ...] = (
@@ -70,6 +71,11 @@ class RewardCfg:
     tanh_fine: float = 0.01            # m
     action_rate: float = -0.01         # * |a_t - a_{t-1}|^2
     joint_vel: float = -0.001          # * |measured joint velocity|^2
+    # weight * |measured - home| (rad) per named arm joint (Isaac Lab's joint_deviation_l1).
+    # The wrist roll barely moves the fingertip, so nothing else holds it: without this the
+    # policy's small roll bias integrates through the relative targets into a drift of ~2 rad
+    # over an episode, and the reach degrades as the arm leaves the postures it trained in.
+    joint_deviation: dict[str, float] = field(default_factory=lambda: {"wrist_roll": -0.1})
     floor: float = -5.0                # once, when the fingertip goes below floor_height
     floor_height: float = 0.0          # m
 
@@ -200,9 +206,20 @@ def terminations(cfg: RewardCfg, tip: torch.Tensor, q: torch.Tensor) -> tuple[to
 
 
 # ---------------------------------------------------------------- rewards
+def deviation_weights(robot: RobotDescription, cfg: RewardCfg, device) -> torch.Tensor:
+    """The joint_deviation weights as a vector over the arm joints [A], names checked."""
+    unknown = sorted(set(cfg.joint_deviation) - set(robot.arm_joints))
+    if unknown:
+        raise ValueError(f"reward.joint_deviation: '{unknown[0]}' is not an arm joint "
+                         f"({', '.join(robot.arm_joints)})")
+    return torch.tensor([cfg.joint_deviation.get(n, 0.0) for n in robot.arm_joints], device=device)
+
+
 def rewards(cfg: RewardCfg, error: torch.Tensor, action: torch.Tensor, last_action: torch.Tensor,
-            joint_vel: torch.Tensor, below_floor: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-term rewards [N] (already weighted); their sum is the step reward."""
+            joint_pos: torch.Tensor, joint_vel: torch.Tensor, deviation: torch.Tensor,
+            below_floor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-term rewards [N] (already weighted); their sum is the step reward. `joint_pos`
+    is measured minus home, `deviation` the `deviation_weights`."""
     dist = error.norm(dim=-1)
     return {
         "position_l2": cfg.position_l2 * dist,
@@ -210,6 +227,7 @@ def rewards(cfg: RewardCfg, error: torch.Tensor, action: torch.Tensor, last_acti
         "position_fine": cfg.position_fine * (1 - torch.tanh(dist / cfg.tanh_fine)),
         "action_rate": cfg.action_rate * (action - last_action).square().sum(-1),
         "joint_vel": cfg.joint_vel * joint_vel.square().sum(-1),
+        "joint_deviation": joint_pos.abs() @ deviation,
         "floor": cfg.floor * below_floor.to(error.dtype),
     }
 

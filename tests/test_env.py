@@ -3,7 +3,8 @@ import dataclasses
 import pytest
 import torch
 
-from soarm.reach import OBS_DIM, in_region
+from soarm.description import load_robot
+from soarm.reach import OBS_DIM, deviation_weights, in_region, rewards
 from soarm.training.env import ReachEnv
 from soarm.training.evaluate import evaluate
 from soarm.training.scripted import ScriptedReach
@@ -52,6 +53,23 @@ def test_nan_action_rejected(task_cfg):
     env = ReachEnv(task_cfg, 2, seed=0)
     with pytest.raises(ValueError, match="NaN"):
         env.step(torch.tensor([[0.0, float("nan"), 0, 0, 0]] * 2))
+
+
+def test_joint_deviation_holds_only_the_named_joints(task_cfg):
+    robot = load_robot()
+    weights = deviation_weights(robot, task_cfg.reward, "cpu")
+    joint_pos = torch.zeros(2, 5)
+    joint_pos[0, robot.arm_joints.index("wrist_roll")] = -0.5
+    joint_pos[1, robot.arm_joints.index("shoulder_pan")] = 0.5
+    zeros = torch.zeros(2, 5)
+    terms = rewards(task_cfg.reward, torch.zeros(2, 3), zeros, zeros, joint_pos, zeros, weights,
+                    torch.zeros(2, dtype=torch.bool))
+    roll_weight = task_cfg.reward.joint_deviation["wrist_roll"]
+    assert roll_weight < 0
+    torch.testing.assert_close(terms["joint_deviation"], torch.tensor([0.5 * roll_weight, 0.0]))
+    typo = dataclasses.replace(task_cfg.reward, joint_deviation={"wrist_rol": -0.1})
+    with pytest.raises(ValueError, match="'wrist_rol' is not an arm joint"):
+        deviation_weights(robot, typo, "cpu")
 
 
 def test_physics_step_converges(task_cfg):

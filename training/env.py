@@ -15,8 +15,9 @@ import torch
 
 from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription, load_robot
-from soarm.reach import (ACTION_DIM, OBS_DIM, ReachCfg, action_to_goal, check_action, full_pose, observe,
-                         draw_targets, rewards, sample_targets, task_state, terminations, tick_offsets, uniform)
+from soarm.reach import (ACTION_DIM, OBS_DIM, ReachCfg, action_to_goal, check_action, deviation_weights,
+                         draw_targets, full_pose, observe, rewards, sample_targets, task_state, terminations,
+                         tick_offsets, uniform)
 from soarm.servo import ServoConfig
 from soarm.sim import ArmSim
 from soarm.training.episode_stats import EpisodeStats
@@ -45,6 +46,8 @@ class ReachEnv:
         self.num_obs, self.num_actions = OBS_DIM, ACTION_DIM
         self.max_steps, self.window = cfg.episode_steps, cfg.window_steps
         self.arm = torch.tensor(self.robot.arm_index, device=self.device)
+        self.home = torch.as_tensor(self.robot.home, device=self.device, dtype=torch.float32)
+        self.deviation = deviation_weights(self.robot, cfg.reward, self.device)
         self.target_pool = sample_targets(self.dyn, cfg.command, max(65536, 4 * num_envs), self.gen)
         self.fixed_targets = None if targets is None else torch.as_tensor(targets, dtype=torch.float32,
                                                                           device=self.device)
@@ -70,7 +73,7 @@ class ReachEnv:
         self.step_count = (k * quantum).to(self.device)
 
     def _reset(self, mask: torch.Tensor) -> None:
-        n, cfg, r = self.num_envs, self.cfg.randomization, self.robot
+        n, cfg = self.num_envs, self.cfg.randomization
         J, dev, dt = self.sim.J, self.device, torch.float32
         ph, servo = self.sim.physics, self.sim.servo
         m = mask[:, None]
@@ -83,8 +86,8 @@ class ReachEnv:
                                         ph.encoder_offset)
         lat = torch.rand(n, generator=self.gen).to(dev) < cfg.latency_prob
         self.latent = torch.where(mask, lat, self.latent)
-        home = torch.as_tensor(r.home, device=dev, dtype=dt)
-        arm_q = home + uniform(self.gen, (n, len(home)), (-cfg.start_noise, cfg.start_noise), dev, dt)
+        noise = (-cfg.start_noise, cfg.start_noise)
+        arm_q = self.home + uniform(self.gen, (n, len(self.home)), noise, dev, dt)
         self.sim.reset(mask, full_pose(self.dyn, arm_q))
         self.target = torch.where(m[:, :1].expand(n, 3), self._draw_targets(), self.target)
         self.action = torch.where(mask[:, None], 0.0, self.action)
@@ -123,7 +126,7 @@ class ReachEnv:
         tip = self.dyn.fingertip(full_pose(self.dyn, self.sim.q[:, self.arm]))   # the true fingertip
         error = self.target - tip
         terminated, below = terminations(cfg.reward, tip, self.sim.q)
-        terms = rewards(cfg.reward, error, actions, self.action, vel, below)
+        terms = rewards(cfg.reward, error, actions, self.action, meas - self.home, vel, self.deviation, below)
         reward = torch.stack(list(terms.values())).sum(0)
         self.action = actions
         final_obs = self._observe(meas)

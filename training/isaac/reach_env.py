@@ -21,8 +21,8 @@ from isaaclab.envs import DirectRLEnv
 from soarm import config
 from soarm.description import load_robot
 from soarm.dynamics import ArmDynamics
-from soarm.reach import (ReachCfg, action_to_goal, draw_targets, full_pose, observe, rewards, sample_targets,
-                         task_state, terminations, tick_offsets, uniform)
+from soarm.reach import (ReachCfg, action_to_goal, deviation_weights, draw_targets, full_pose, observe, rewards,
+                         sample_targets, task_state, terminations, tick_offsets, uniform)
 from soarm.training.episode_stats import EpisodeStats
 from soarm.training.isaac.reach_env_cfg import SO101ReachEnvCfg
 
@@ -38,6 +38,8 @@ class SO101ReachEnv(DirectRLEnv):
         self.robot = load_robot()
         self.dyn = ArmDynamics(self.robot, self.device)
         self.arm = torch.tensor(self.robot.arm_index, device=self.device)
+        self.home = torch.as_tensor(self.robot.home, device=self.device, dtype=torch.float32)
+        self.deviation = deviation_weights(self.robot, self.task.reward, self.device)
         self.gen = torch.Generator().manual_seed(0 if cfg.seed is None else cfg.seed)
         self.target_pool = sample_targets(self.dyn, self.task.command, max(65536, 4 * self.num_envs), self.gen)
         self.window = self.task.window_steps
@@ -83,8 +85,10 @@ class SO101ReachEnv(DirectRLEnv):
         return terminated, time_out
 
     def _get_rewards(self) -> torch.Tensor:
-        vel = (self.measured() - self.prev_meas) * self.task.control_hz
-        terms = rewards(self.task.reward, self.error, self.actions_now, self.action, vel, self.below)
+        meas = self.measured()
+        vel = (meas - self.prev_meas) * self.task.control_hz
+        terms = rewards(self.task.reward, self.error, self.actions_now, self.action, meas - self.home, vel,
+                        self.deviation, self.below)
         reward = torch.stack(list(terms.values())).sum(0)
         self.action = self.actions_now
         done = self.reset_terminated | self.reset_time_outs
@@ -129,8 +133,8 @@ class SO101ReachEnv(DirectRLEnv):
                                           body_ids=self.bodies, env_ids=env_ids)
         s.encoder_offset[env_ids] = tick_offsets(self.gen, (n, J), cfg.encoder_offset_ticks, dev, torch.float32)
         self.latent[env_ids] = (torch.rand(n, generator=self.gen) < cfg.latency_prob).to(dev)
-        home = torch.as_tensor(self.robot.home, device=dev, dtype=torch.float32)
-        arm_q = home + uniform(self.gen, (n, len(home)), (-cfg.start_noise, cfg.start_noise), dev, torch.float32)
+        noise = (-cfg.start_noise, cfg.start_noise)
+        arm_q = self.home + uniform(self.gen, (n, len(self.home)), noise, dev, torch.float32)
         q = full_pose(self.dyn, arm_q)
         self.arm_robot.write_joint_position_to_sim_index(position=q, env_ids=env_ids)
         self.arm_robot.write_joint_velocity_to_sim_index(velocity=torch.zeros_like(q), env_ids=env_ids)
