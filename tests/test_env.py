@@ -30,6 +30,23 @@ def test_observation_is_quantized(task_cfg):
     assert torch.allclose(ticks, ticks.round(), atol=2e-3)
 
 
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_given_targets_are_visited_in_order_one_per_window(task_cfg, num_envs):
+    """Across window ends and episode restarts, each window that starts takes the next target."""
+    cfg = dataclasses.replace(task_cfg, episode_s=2 * task_cfg.command.resample_s)   # an episode: 2 windows
+    fixed = torch.rand(7, 3, generator=torch.Generator().manual_seed(0))
+    env = ReachEnv(cfg, num_envs, seed=0, targets=fixed)
+    env.reset()
+    seen = [env.target.clone()]
+    for _ in range(5):                                                          # 5 more windows
+        for _ in range(env.window):
+            env.step(torch.zeros(num_envs, 5))
+        seen.append(env.target.clone())
+    order = torch.cat(seen)                                                     # window-major, env order
+    expect = fixed[torch.arange(len(order)) % len(fixed)]
+    assert torch.equal(order, expect)
+
+
 def test_truncation_and_auto_reset(task_cfg):
     cfg = dataclasses.replace(task_cfg, episode_s=2.0)
     env = ReachEnv(cfg, 8, seed=0)

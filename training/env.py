@@ -61,6 +61,7 @@ class ReachEnv:
 
     # ------------------------------------------------------------------ reset
     def reset(self) -> torch.Tensor:
+        self.drawn = 0                                   # given targets start over from the first
         self._reset(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
         self.obs = self._observe()
         return self.obs
@@ -89,7 +90,7 @@ class ReachEnv:
         noise = (-cfg.start_noise, cfg.start_noise)
         arm_q = self.home + uniform(self.gen, (n, len(self.home)), noise, dev, dt)
         self.sim.reset(mask, full_pose(self.dyn, arm_q))
-        self.target = torch.where(m[:, :1].expand(n, 3), self._draw_targets(), self.target)
+        self.target = torch.where(m[:, :1].expand(n, 3), self._draw_targets(mask), self.target)
         self.action = torch.where(mask[:, None], 0.0, self.action)
         meas = self.sim.measured()[:, self.arm]
         self.goal = torch.where(mask[:, None], meas, self.goal)          # torque on: goal := present
@@ -98,10 +99,13 @@ class ReachEnv:
         self.step_count = torch.where(mask, 0, self.step_count)
         self.episodes.reset(mask)
 
-    def _draw_targets(self) -> torch.Tensor:
+    def _draw_targets(self, mask: torch.Tensor) -> torch.Tensor:
+        """New targets [N, 3], used where `mask`. Given targets are handed out in order, one
+        per window that ends, to the environments that need one (in env order)."""
         if self.fixed_targets is not None:
-            idx = (self.drawn + torch.arange(self.num_envs, device=self.device)) % len(self.fixed_targets)
-            self.drawn += self.num_envs
+            rank = torch.cumsum(mask.long(), 0) - 1
+            idx = (self.drawn + rank.clamp(min=0)) % len(self.fixed_targets)
+            self.drawn += int(mask.sum())
             return self.fixed_targets[idx]
         return draw_targets(self.target_pool, self.num_envs, self.gen)
 
@@ -141,7 +145,8 @@ class ReachEnv:
         # New targets where a window ended, fresh episodes where one ended; then observe
         # again. _reset set prev_meas to the reset pose where an episode restarted, so the
         # velocity is this step's everywhere else and zero there.
-        self.target = torch.where((window_end & ~done)[:, None], self._draw_targets(), self.target)
+        new_window = window_end & ~done
+        self.target = torch.where(new_window[:, None], self._draw_targets(new_window), self.target)
         self._reset(done)
         now = self.sim.measured()[:, self.arm]
         self.obs = self._observe(now)
