@@ -5,11 +5,17 @@ A calibration file is LeRobot's JSON, so existing LeRobot calibrations load as t
     {"shoulder_pan": {"id": 1, "drive_mode": 0, "homing_offset": -1470,
                       "range_min": 758, "range_max": 3292}, ...}
 `homing_offset` is what the servo's Homing_Offset register holds: Present_Position =
-raw - homing_offset (mod 4096). LeRobot's half-turn homing makes the middle pose read 2047.
+raw - homing_offset (mod 4096). LeRobot's half-turn homing makes the homing pose read 2047.
 
-The mapping (our decision, documented in the README): a joint's zero in our robot
-description is its calibrated middle, 2047 ticks; `drive_mode` 1 flips the direction.
-    q = sign * (ticks - 2047) * 2 pi / 4096
+The mapping is LeRobot's degrees convention (lerobot 0.4-0.6, `MotorsBus._normalize` with
+`MotorNormMode.DEGREES`, what the SO-101 follower uses with `use_degrees`): a joint's zero is
+the middle of its calibrated range, and the full range of the encoder is resolution - 1 ticks:
+    q = sign * (ticks - (range_min + range_max) / 2) * 2 pi / 4095
+The middle of the swept hard stops is a mechanical fact (the published `so101_new_calib` model's
+limits are symmetric about that zero, and so are ours); the operator's homing pose is not.
+The full-turn wrist roll is recorded as 0..4095 by LeRobot, so its zero is the homing pose.
+`drive_mode` 1 flips the direction (LeRobot writes 0 for every SO-101 joint; its degrees mode
+ignores the field, its range modes flip with it).
 """
 
 from __future__ import annotations
@@ -21,10 +27,9 @@ from pathlib import Path
 
 from soarm.config import ConfigError
 from soarm.files import atomic_write
+from soarm.robot.control_table import MIDDLE, TICKS
 
-MIDDLE = 2047
-TICKS = 4096
-TICK = 2 * math.pi / TICKS
+RAD_PER_TICK = 2 * math.pi / (TICKS - 1)   # LeRobot's degrees scale: 360 deg per (resolution - 1) ticks
 FIELDS = ("id", "drive_mode", "homing_offset", "range_min", "range_max")
 
 
@@ -40,13 +45,18 @@ class MotorCalibration:
     def sign(self) -> int:
         return -1 if self.drive_mode else 1
 
+    @property
+    def middle(self) -> float:
+        """The joint's zero, in ticks: the middle of the calibrated range."""
+        return (self.range_min + self.range_max) / 2
+
 
 def ticks_to_rad(cal: MotorCalibration, ticks: float) -> float:
-    return cal.sign * (ticks - MIDDLE) * TICK
+    return cal.sign * (ticks - cal.middle) * RAD_PER_TICK
 
 
 def rad_to_ticks(cal: MotorCalibration, rad: float) -> int:
-    return round(MIDDLE + cal.sign * rad / TICK)
+    return round(cal.middle + cal.sign * rad / RAD_PER_TICK)
 
 
 def load(path: str | Path, motors: list[str] | None = None) -> dict[str, MotorCalibration]:
@@ -79,6 +89,18 @@ def load(path: str | Path, motors: list[str] | None = None) -> dict[str, MotorCa
     if missing:
         raise ConfigError(f"{path}: no calibration for {', '.join(missing)}")
     return out
+
+
+def check_home(cal: dict[str, MotorCalibration], joints: list[str], home, where: str = "calibration") -> None:
+    """Each arm joint's calibrated range must contain the task's home pose: otherwise the file
+    belongs to another arm or was written under another joint-zero convention."""
+    for name, q in zip(joints, home):
+        c = cal[name]
+        lo, hi = sorted((ticks_to_rad(c, c.range_min), ticks_to_rad(c, c.range_max)))
+        if not lo <= q <= hi:
+            raise ConfigError(f"{where}: '{name}' calibrated range {lo:+.3f}..{hi:+.3f} rad "
+                              f"(ticks {c.range_min}..{c.range_max}) does not contain its home angle {q:+.3f} rad; "
+                              "a file of another arm, or of another joint-zero convention?")
 
 
 def save(cal: dict[str, MotorCalibration], path: str | Path) -> None:

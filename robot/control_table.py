@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from soarm.servo import TICKS_PER_REV
+
 EEPROM_END = 40                 # first RAM address
 MODEL_STS3215 = 777
-TICKS = 4096                    # encoder ticks per turn
-MIDDLE = 2047                   # calibrated middle of a joint's range (LeRobot's half-turn homing)
+TICKS = TICKS_PER_REV           # encoder ticks per turn
+MIDDLE = 2047                   # what the homing pose reads after LeRobot's half-turn homing
 
 # Status-packet error bits (also the Status register's low bits).
 ERR_VOLTAGE, ERR_ANGLE, ERR_OVERHEAT, ERR_OVERCURRENT, ERR_OVERLOAD = 0x01, 0x02, 0x04, 0x08, 0x20

@@ -117,8 +117,7 @@ class ControlLoop:
         self.recorder = recorder
         self.rate = rate_hz or runtime.control_hz
         self.arm = list(runtime.contract["joint_names"])
-        grip = runtime.contract["gripper"]
-        self.gripper, self.gripper_hold = grip["joint"], grip["hold"]
+        self.gripper = runtime.contract["gripper"]["joint"]
         missing = [n for n in self.arm + [self.gripper] if n not in calibration]
         if missing:
             raise ValueError(f"calibration has no entry for {', '.join(missing)}")
@@ -132,6 +131,8 @@ class ControlLoop:
     def start(self) -> None:
         check_servos(self.bus, self.cal)
         held = self.bus.enable_torque()
+        # The gripper stays where it was: nothing the user did not ask for moves.
+        self.gripper_ticks = held[self.cal[self.gripper].id]
         self.step = PolicyStep(self.rt, self.safety, self.rate, self._to_rad(held))
         self.t0 = time.perf_counter()
         self.running = True
@@ -182,7 +183,7 @@ class ControlLoop:
 
     def _write(self, arm_goal: np.ndarray) -> None:
         ticks = {self.cal[n].id: rad_to_ticks(self.cal[n], float(g)) for n, g in zip(self.arm, arm_goal)}
-        ticks[self.cal[self.gripper].id] = rad_to_ticks(self.cal[self.gripper], self.gripper_hold)
+        ticks[self.cal[self.gripper].id] = self.gripper_ticks
         try:
             self.bus.sync_write("Goal_Position", ticks)
         except BusError:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from soarm.calibration.calibration import MIDDLE, TICK, MotorCalibration, ticks_to_rad
+from soarm.calibration.calibration import MotorCalibration, rad_to_ticks, ticks_to_rad
 from soarm.description import load_robot
 from soarm.export.runtime import PolicyRuntime
 from soarm.robot.enclog import LogError, read_log
@@ -117,7 +117,7 @@ def import_bam(path: str | Path, joint: str = "elbow_flex") -> tuple[dict, list[
         q[j] = pos
         g = [0.0] * len(arm)
         g[j] = goal
-        raw_ticks = {str(cal[n]["id"]): int(round(MIDDLE + q[k] / TICK)) % 4096 for k, n in enumerate(arm)}
+        raw_ticks = {str(cal[n]["id"]): rad_to_ticks(MotorCalibration(**cal[n]), q[k]) for k, n in enumerate(arm)}
         ticks.append({"t": ts - t0, "raw": raw_ticks, "q": q, "target": [0.25, 0.0, 0.15], "action": None,
                       "goal_policy": None, "goal_sent": g, "decision": "command", "events": [], "fault": None})
     dt = float(np.median(np.diff([s[0] for s in samples])))

