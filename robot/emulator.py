@@ -11,9 +11,12 @@ Present_Position = (raw - Homing_Offset) mod 4096; Goal_Position clamped to the
 Min/Max_Position_Limit registers; Torque_Enable 0 lets the joint fall.
 
 The servos move by soarm/sim.py's ArmSim (the STS3215 model on the SO-101 dynamics,
-gravity included), stepped in real time between packets, so a policy closed through the
-emulator meets the physics it was trained on. Each servo's encoder zero sits at a seeded
-"assembly" offset from the joint's zero: that is what calibration has to find.
+gravity included), stepped in real time by a process of its own (robot/plant.py), so a policy
+closed through the emulator meets the physics it was trained on. The bus thread does no
+physics: it answers every packet from the plant's latest published state, within
+REPLY_BUDGET_S of reading it, however slow the physics is (a plant that cannot keep real time
+slows the simulated clock instead). Each servo's encoder zero sits at a seeded "assembly"
+offset from the joint's zero: that is what calibration has to find.
 
 Faults (FaultCfg, seeded): dropped, late or corrupted replies, error bits in every status
 packet, silent servos, and `unplug()`.
@@ -30,19 +33,18 @@ import time
 import tty
 from dataclasses import dataclass
 
-import torch
-
-from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription, load_robot
 from soarm.robot import control_table as ct
-from soarm.servo import TICK, ServoConfig
-from soarm.sim import ArmSim
+from soarm.robot.plant import PlantProcess
+from soarm.servo import TICK
 
 PING, READ, WRITE, REG_WRITE, ACTION, SYNC_READ, SYNC_WRITE = 1, 2, 3, 4, 5, 0x82, 0x83
 # Baud_Rate register value -> line speed (the STS3215 manual's table); 0 (1 Mbaud) from the factory.
 BAUD_RATES = {0: 1_000_000, 1: 500_000, 2: 250_000, 3: 128_000, 4: 115_200, 5: 76_800, 6: 57_600, 7: 38_400}
 BROADCAST = 0xFE
-_REST: dict = {}                   # settled power-on pose per (robot, dt), computed once
+# Longest time from reading a packet to writing its reply: well inside the SDK's own
+# timeout (2 x 16 ms latency timer + 2 ms + the bytes' time, about 34 ms at 1 Mbaud).
+REPLY_BUDGET_S = 0.005
 
 
 @dataclass
@@ -89,53 +91,31 @@ class ServoBusEmulator:
                  faults: FaultCfg | None = None, seed: int = 0, assembly_offset_ticks: int = 300,
                  q0: list[float] | None = None, physics_dt: float = 0.0056, compile: bool = False):
         """`compile`: fuse the physics step with torch.compile (about 15x faster per step,
-        some seconds to compile once); worth it for long runs and timing benchmarks."""
+        some seconds to compile once): real-time physics on a slow machine."""
         self.robot = robot or load_robot()
         if len(ids) != len(self.robot.joints):
             raise ValueError(f"{len(ids)} servo ids for {len(self.robot.joints)} joints")
         self.faults = faults or FaultCfg()
         self.rng = random.Random(self.faults.seed)
-        servo_cfg = config.load(ServoConfig, CONFIG_DIR / "servo" / "sts3215_7v4.yaml")
-        self.sim = ArmSim(self.robot, servo_cfg.params, servo_cfg.registers, 1, physics_dt)
         self.joint_of = {sid: j for j, sid in enumerate(ids)}
         self.servos = {sid: Servo(sid) for sid in ids}
         # Raw encoder reading at joint angle 0, different per unit and assembly.
         g = random.Random(seed)
         self.zero_raw = [ct.MIDDLE + g.randint(-assembly_offset_ticks, assembly_offset_ticks) for _ in ids]
-        q = torch.tensor([q0 if q0 is not None else self._rest_pose()], dtype=torch.float32)
-        self.sim.reset(torch.ones(1, dtype=torch.bool), q)
-        self.sim.enabled[:] = False                      # servos power up with torque off
-        if compile:
-            self.sim.compile()
+        self.plant = PlantProcess(self.robot, physics_dt, q0, compile)
         self.master, self.slave = os.openpty()
         tty.setraw(self.master)
         self.port = os.ttyname(self.slave)
         self.counters = {"packets": 0, "replies": 0, "dropped": 0, "late": 0, "corrupted": 0, "bad_checksum": 0,
-                         "wrong_baud": 0}
+                         "wrong_baud": 0, "malformed": 0, "over_budget": 0}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._late: list[tuple[float, bytes]] = []
+        self._out = bytearray()
+        self.max_reply_s = 0.0                               # longest read-to-reply time so far
         self._unplugged = False
-        self._t_sim = time.monotonic()
-
-    def _rest_pose(self) -> list[float]:
-        """Power-on pose: where the unpowered arm comes to rest when let go at home."""
-        home = dict(zip(self.robot.arm_joints, self.robot.home))
-        q = [home.get(n, self.robot.gripper_hold) for n in self.robot.names]
-        key = (id(self.robot), self.sim.dt)
-        if key not in _REST:
-            sim = ArmSim(self.robot, self.sim.servo, self.sim.registers, 1, self.sim.dt)
-            sim.reset(torch.ones(1, dtype=torch.bool), torch.tensor([q], dtype=torch.float32))
-            sim.enabled[:] = False
-            chunk = round(0.5 / self.sim.dt)
-            with torch.no_grad():
-                for _ in range(20):                 # at most 10 s; it settles in about 4.5 s
-                    sim.step(sim.goal, chunk)
-                    if float(sim.qd.abs().max()) < 1e-3:
-                        break
-            _REST[key] = sim.q[0].tolist()
-        return _REST[key]
+        self._now = self.plant.state()                       # the state replies are built from
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "ServoBusEmulator":
@@ -147,6 +127,7 @@ class ServoBusEmulator:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        self.plant.close()
         for fd in (self.master, self.slave):
             try:
                 os.close(fd)
@@ -168,25 +149,55 @@ class ServoBusEmulator:
             pass
 
     # ------------------------------------------------------------ state
+    def assemble_as(self, cal: dict) -> None:
+        """Make the emulated arm the one a calibration file describes (LeRobot format,
+        name -> MotorCalibration): each servo's EEPROM holds the file's homing offset and
+        limits, and its encoder sits so that the file's mapping reads the true joint angles."""
+        names = self.robot.names
+        missing = [n for n in names if n not in cal]
+        if missing:
+            raise ValueError(f"calibration has no entry for {', '.join(missing)}")
+        with self._lock:
+            for j, n in enumerate(names):
+                c, sid = cal[n], list(self.joint_of)[j]
+                if c.drive_mode:
+                    raise ValueError(f"'{n}': the emulator assembles drive_mode 0 joints only (LeRobot's SO-101)")
+                self.zero_raw[j] = round(c.middle + c.homing_offset) % ct.TICKS
+                s = self.servos[sid]
+                s.set("Homing_Offset", c.homing_offset)
+                s.set("Min_Position_Limit", c.range_min)
+                s.set("Max_Position_Limit", c.range_max)
+
     def place(self, q: list[float]) -> None:
         """Move the arm by hand to joint angles q (rad), at rest (torque-off servos follow)."""
         with self._lock:
-            qt = torch.tensor([q], dtype=torch.float32)
-            self.sim.q, self.sim.qd = qt, torch.zeros_like(qt)
+            self.plant.place(q)
+            self._now = self.plant.state()
 
     def joint_positions(self) -> list[float]:
         """True joint angles (rad), for tests and benchmarks."""
+        return self.plant.state().q
+
+    def torque_enabled(self) -> list[bool]:
+        """Each servo's Torque_Enable register, in id order."""
         with self._lock:
-            return self.sim.q[0].tolist()
+            return [s.get("Torque_Enable") == 1 for s in self.servos.values()]
+
+    def wait(self, sim_seconds: float) -> bool:
+        """Until the arm's simulated clock has advanced by sim_seconds (any machine speed)."""
+        return self.plant.wait(sim_seconds)
 
     def raw_position(self, sid: int) -> int:
+        return self._raw(sid, self.plant.state())
+
+    def _raw(self, sid: int, state) -> int:
         j = self.joint_of[sid]
-        return (self.zero_raw[j] + round(float(self.sim.q[0, j]) / TICK)) % ct.TICKS
+        return (self.zero_raw[j] + round(state.q[j] / TICK)) % ct.TICKS
 
     def _present(self, sid: int) -> dict[str, int]:
         j, s = self.joint_of[sid], self.servos[sid]
-        qd = float(self.sim.qd[0, j])
-        return {"Present_Position": (self.raw_position(sid) - s.get("Homing_Offset")) % ct.TICKS,
+        qd = self._now.qd[j]
+        return {"Present_Position": (self._raw(sid, self._now) - s.get("Homing_Offset")) % ct.TICKS,
                 "Present_Velocity": round(qd / TICK), "Moving": int(abs(qd) > 2 * TICK),
                 "Status": self.faults.error_bits}
 
@@ -196,28 +207,14 @@ class ServoBusEmulator:
         goal = min(max(goal, lo), hi)
         raw = goal + s.get("Homing_Offset")
         # Nearest turn to the present reading: the servo works within one turn.
-        delta = (raw - self.raw_position(sid) + ct.TICKS // 2) % ct.TICKS - ct.TICKS // 2
-        return float(self.sim.q[0, j]) + delta * TICK
-
-    def _advance(self) -> None:
-        """Step the physics towards now, a couple of substeps at a time so that a packet is
-        never kept waiting behind a long catch-up; a backlog of more than 50 substeps
-        (the host was suspended) is dropped."""
-        behind = int((time.monotonic() - self._t_sim) / self.sim.dt)
-        if behind > 50:
-            self._t_sim += (behind - 2) * self.sim.dt
-            behind = 2
-        steps = min(behind, 2)
-        if steps > 0:
-            with torch.no_grad():
-                self.sim.step(self.sim.goal, steps)
-            self._t_sim += steps * self.sim.dt
+        delta = (raw - self._raw(sid, self._now) + ct.TICKS // 2) % ct.TICKS - ct.TICKS // 2
+        return self._now.q[j] + delta * TICK
 
     # ------------------------------------------------------------ protocol
     def _run(self) -> None:
         buf = bytearray()
         while not self._stop.is_set():
-            timeout = max(0.0, self.sim.dt - (time.monotonic() - self._t_sim))
+            timeout = 0.05
             if self._late:
                 timeout = min(timeout, max(0.0, self._late[0][0] - time.monotonic()))
             try:
@@ -226,15 +223,25 @@ class ServoBusEmulator:
             except OSError:
                 if self._stop.is_set():
                     return
-                time.sleep(0.001)                         # slave closed (unplugged): idle
+                self._stop.wait(0.001)                       # slave closed (unplugged): idle
                 data = b""
+            t_read = time.monotonic()
             with self._lock:
-                # Answer first (state at most a substep old), then let time run.
                 buf.extend(data)
+                self._now = self.plant.state()
                 for packet in self._packets(buf):
-                    self._handle(packet)
+                    try:
+                        self._handle(packet)
+                    except (IndexError, KeyError, ValueError):
+                        self.counters["malformed"] += 1       # a servo ignores what it cannot parse
                 self._flush_late()
-                self._advance()
+                out, self._out = bytes(self._out), bytearray()
+            if out:
+                self._send(out)
+                took = time.monotonic() - t_read
+                self.max_reply_s = max(self.max_reply_s, took)
+                if took > REPLY_BUDGET_S:
+                    self.counters["over_budget"] += 1
 
     def _packets(self, buf: bytearray):
         while True:
@@ -273,6 +280,8 @@ class ServoBusEmulator:
             return
         if inst == SYNC_WRITE:
             addr, n = params[0], params[1]
+            if n == 0 or (len(params) - 2) % (n + 1):
+                raise ValueError("sync write whose entries do not fit its data length")
             for k in range(2, len(params), n + 1):
                 if params[k] in self.servos and self._hears(params[k]):
                     self._write(params[k], addr, params[k + 1:k + 1 + n])
@@ -305,12 +314,16 @@ class ServoBusEmulator:
 
     def _read(self, sid: int, addr: int, n: int) -> bytes:
         s = self.servos[sid]
+        if addr + n > len(s.mem):
+            raise ValueError("read past the control table")
         for name, value in self._present(sid).items():
             s.set(name, value)
         return bytes(s.mem[addr:addr + n])
 
     def _write(self, sid: int, addr: int, data: bytes) -> None:
         s = self.servos[sid]
+        if not data or addr + len(data) > len(s.mem):
+            raise ValueError("write outside the control table")
         locked = s.get("Lock") == 1
         for i, byte in enumerate(data):
             a = addr + i
@@ -323,14 +336,9 @@ class ServoBusEmulator:
         j = self.joint_of[sid]
         touched = range(addr, addr + len(data))
         if ct.STS3215["Torque_Enable"].address in touched:
-            on = s.get("Torque_Enable") == 1
-            if on and not bool(self.sim.enabled[0, j]):
-                # Torque on: the firmware starts from where the joint is, then drives to the goal.
-                self.sim.firmware.target[0, j] = self.sim.q[0, j]
-                self.sim.firmware.target_vel[0, j] = 0.0
-            self.sim.enabled[0, j] = on
+            self.plant.command_torque(j, s.get("Torque_Enable") == 1)
         if ct.STS3215["Goal_Position"].address in touched:
-            self.sim.goal[0, j] = self._goal_to_rad(sid, s.get("Goal_Position"))
+            self.plant.command_goal(j, self._goal_to_rad(sid, s.get("Goal_Position")))
 
     def _reply(self, sid: int, params: bytes) -> None:
         f = self.faults
@@ -347,17 +355,19 @@ class ServoBusEmulator:
             self._late.append((time.monotonic() + f.late_s, bytes(packet)))
             self.counters["late"] += 1
             return
-        self._send(bytes(packet))
+        self._out += packet
+        self.counters["replies"] += 1
 
     def _flush_late(self) -> None:
         now = time.monotonic()
         while self._late and self._late[0][0] <= now:
-            self._send(self._late.pop(0)[1])
-
-    def _send(self, packet: bytes) -> None:
-        try:
-            os.write(self.master, packet)
+            self._out += self._late.pop(0)[1]
             self.counters["replies"] += 1
+
+    def _send(self, data: bytes) -> None:
+        """One write for all the replies to what was read: one wake-up for the host."""
+        try:
+            os.write(self.master, data)
         except OSError:
             pass
 
@@ -372,37 +382,35 @@ class EmulatorProcess:
     """
 
     def __init__(self, calibration: str | os.PathLike, seed: int = 0, args: tuple[str, ...] = (),
-                 timeout: float = 180.0):
+                 timeout: float = 300.0):
         """args: more `soarm emulate` options, e.g. ("--no-compile",) or ("--drop", "0.02")."""
-        import queue
+        import json
         import subprocess
         import sys
+        import tempfile
+        from pathlib import Path
 
         self.calibration = calibration
+        self._dir = tempfile.TemporaryDirectory(prefix="soarm-emulator-")
+        ready = Path(self._dir.name) / "ready.json"
+        self._log = open(Path(self._dir.name) / "output.log", "w+")
         cmd = [sys.executable, "-m", "soarm.cli", "emulate", "--quiet", "--seed", str(seed),
-               "--calibrate", str(calibration), *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.output: list[str] = []
-        lines: queue.Queue = queue.Queue()
-
-        def drain():                          # keeps reading, so the pipe never fills up
-            for line in self.proc.stdout:
-                self.output.append(line.rstrip())
-                lines.put(line)
-            lines.put(None)
-        threading.Thread(target=drain, daemon=True).start()
+               "--calibrate", str(calibration), "--ready-file", str(ready), *args]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                line = None
-            if line is None:
+        while not ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.kill()
                 raise RuntimeError("emulator did not start: " + " | ".join(self.output[-5:]))
-            if "Ctrl-C" in line:
-                self.port = line.split(" on ", 1)[1].split()[0].rstrip(";")
-                return
+            time.sleep(0.02)
+        self.port = json.loads(ready.read_text())["port"]
+
+    @property
+    def output(self) -> list[str]:
+        """What the emulator process printed so far."""
+        self._log.flush()
+        with open(self._log.name) as f:
+            return f.read().splitlines()
 
     def unplug(self) -> None:
         import signal
@@ -417,9 +425,11 @@ class EmulatorProcess:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=5)
+                self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._log.close()
+        self._dir.cleanup()
 
     def __enter__(self) -> "EmulatorProcess":
         return self

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -108,32 +109,47 @@ def _export(args) -> int:
 
 
 def _emulate(args) -> int:
+    import json
     import signal
+    import threading
 
+    from soarm.files import atomic_write
     from soarm.robot.emulator import FaultCfg, ServoBusEmulator
 
+    stop = threading.Event()
+    # SIGTERM (service managers, ROS launch) ends the emulator as Ctrl-C does; SIGUSR1 pulls
+    # the adapter out (fault tests on a separate emulator process).
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     faults = FaultCfg(drop=args.drop, late=args.late, corrupt=args.corrupt, error_bits=args.error_bits,
                       silent_ids=tuple(args.silent), seed=args.seed)
+    if args.calibrate and args.calibrate.exists():
+        raise ConfigError(f"{args.calibrate} exists; --calibrate writes a new file and never overwrites one "
+                          "(to run the emulated arm on an existing calibration: --calibration FILE)")
+    cal = None
+    if args.calibration:
+        from soarm.calibration import calibration
+        from soarm.description import load_robot
+
+        cal = calibration.load(args.calibration, load_robot().names)
     with ServoBusEmulator(faults=faults, seed=args.seed, compile=not args.no_compile) as emu:
+        signal.signal(signal.SIGUSR1, lambda *_: emu.unplug())
+        if cal is not None:
+            emu.assemble_as(cal)
+            print(f"emulated arm assembled as {args.calibration} describes (the file is only read)", flush=True)
         if args.calibrate:
             _self_calibrate(emu, args.calibrate)
         port = emu.port
         if args.link:
-            from soarm.files import atomic_write
-
             atomic_write(args.link, lambda tmp: tmp.symlink_to(emu.port))
             port = f"{args.link} -> {emu.port}"
-        # SIGUSR1 pulls the adapter out (fault tests on a separate emulator process);
-        # SIGTERM ends the emulator like Ctrl-C.
-        signal.signal(signal.SIGUSR1, lambda *_: emu.unplug())
-        signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+        if args.ready_file:          # the machine-readable handshake (EmulatorProcess reads it)
+            atomic_write(args.ready_file, lambda tmp: tmp.write_text(json.dumps({"port": emu.port, "pid": os.getpid()})))
         print(f"SO-101 servo bus (ids 1-6, STS3215, 1 Mbaud) on {port}; Ctrl-C to stop", flush=True)
         try:
-            while True:
-                time.sleep(5)
+            while not stop.wait(5):
                 if not args.quiet:
-                    print(f"  {emu.counters}", flush=True)
-        except KeyboardInterrupt:
+                    print(f"  {emu.counters}, physics {emu.plant.state().lag_s:.1f} s behind real time", flush=True)
             print(f"stopped; {emu.counters}")
         finally:
             if args.link:
@@ -293,10 +309,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corrupt", type=float, default=0.0, help="probability of a bad checksum")
     p.add_argument("--error-bits", type=lambda x: int(x, 0), default=0, help="e.g. 0x20 (overload)")
     p.add_argument("--silent", type=int, nargs="*", default=[], help="servo ids that never answer")
-    p.add_argument("--calibrate", type=Path, default=None, metavar="FILE",
-                   help="calibrate the emulated arm first (scripted LeRobot procedure) and save FILE")
+    cal = p.add_mutually_exclusive_group()
+    cal.add_argument("--calibrate", type=Path, default=None, metavar="FILE",
+                     help="calibrate the emulated arm first (scripted LeRobot procedure) and save a new FILE")
+    cal.add_argument("--calibration", type=Path, default=None, metavar="FILE",
+                     help="an existing (LeRobot) calibration file: the emulated arm is assembled to match it; "
+                          "the file is only read")
     p.add_argument("--link", type=Path, default=None, help="symlink to the pty, e.g. /tmp/so101 (like socat)")
     p.add_argument("--quiet", action="store_true", help="no packet counters every 5 s")
+    p.add_argument("--ready-file", type=Path, default=None,
+                   help="once serving, write {\"port\": ..., \"pid\": ...} to this JSON file (for scripts)")
     p.add_argument("--no-compile", action="store_true",
                    help="step the physics eagerly: starts ~10 s sooner, each step slower")
     p.set_defaults(fn=_emulate)

@@ -41,3 +41,12 @@ def tiny_policy(tmp_path_factory):
     export(root / "run", root / "policy.onnx", verify_count=1000)
     return root / "policy.onnx"
 
+
+
+def pytest_collection_modifyitems(config, items):
+    """SOARM_TEST_ORDER=reverse runs the tests in reverse order (tests/under_load.py uses it:
+    no test may depend on another having run first)."""
+    import os
+
+    if os.environ.get("SOARM_TEST_ORDER") == "reverse":
+        items.reverse()

@@ -14,6 +14,8 @@ from soarm.robot.loop import ControlLoop
 from soarm.robot.replay import import_bam, replay
 from soarm.robot.safety import SafetyCfg, SafetyLayer
 
+pytestmark = pytest.mark.bus
+
 REAL_LOGS = sorted((REPO_ROOT / "data" / "real_servo_logs").glob("*.json"))
 
 

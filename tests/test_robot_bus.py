@@ -3,13 +3,14 @@
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from soarm.robot import control_table as ct
 from soarm.robot.bus import BusError, FeetechBus
 from soarm.robot.emulator import FaultCfg, ServoBusEmulator
+
+pytestmark = pytest.mark.bus
 
 IDS = {"shoulder_pan": 1, "shoulder_lift": 2, "elbow_flex": 3, "wrist_flex": 4, "wrist_roll": 5, "gripper": 6}
 
@@ -38,7 +39,7 @@ def test_sign_magnitude_round_trip():
 def test_connect_and_read_present_positions(emu):
     bus = connect(emu.port)
     bus.enable_torque()                          # hold still, so the readings can be compared
-    time.sleep(0.2)
+    assert emu.wait(0.2)                         # simulated seconds: the same on any machine
     pos = bus.sync_read("Present_Position")
     assert list(pos) == list(IDS.values())
     for sid, p in pos.items():
@@ -63,14 +64,14 @@ def test_homing_offset_and_eeprom_lock(emu):
 def test_torque_on_holds_then_follows_goals_within_limits(emu):
     bus = connect(emu.port)
     held = bus.enable_torque()
-    time.sleep(0.3)
+    assert emu.wait(0.3)
     now = bus.sync_read("Present_Position")
     assert all(abs(now[s] - held[s]) < 25 for s in held), (held, now)   # held, no jump
     bus.write("Lock", 3, 0)
     bus.write("Max_Position_Limit", 3, held[3] + 200)
     bus.write("Lock", 3, 1)
     bus.sync_write("Goal_Position", {3: held[3] + 1000})                  # beyond the limit
-    time.sleep(1.0)
+    assert emu.wait(1.0)
     assert abs(bus.read("Present_Position", 3) - (held[3] + 200)) < 30
     assert bus.torque_off()
 
@@ -119,7 +120,7 @@ def test_faulty_replies_fail_a_tick_and_the_next_one_is_clean():
     with ServoBusEmulator() as e:
         bus = connect(e.port)
         bus.enable_torque()                      # holding still: every good reading is known
-        time.sleep(0.2)
+        assert e.wait(0.2)
         e.faults = FaultCfg(drop=0.05, late=0.05, corrupt=0.05, seed=3)
         ok = failed = 0
         for _ in range(200):

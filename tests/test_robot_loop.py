@@ -13,6 +13,8 @@ from soarm.robot.emulator import ServoBusEmulator
 from soarm.robot.loop import ControlLoop
 from soarm.robot.safety import SafetyCfg, SafetyLayer
 
+pytestmark = pytest.mark.bus
+
 TARGET = np.array([0.2, 0.0, 0.15], dtype=np.float32)
 
 
@@ -32,10 +34,10 @@ def test_runs_at_rate_within_limits_and_ends_with_torque_off(arm, robot):
     emu, bus, cal, rt, safety = arm
     loop = ControlLoop(bus, rt, cal, safety, target=lambda: TARGET)
     loop.start()
-    assert bool(emu.sim.enabled.all())
+    assert all(emu.torque_enabled())
     stats = loop.run(seconds=1.0)
     assert 25 <= stats["ticks"] <= 31 and stats["read_failures"] == 0
-    assert not bool(emu.sim.enabled.any())                       # torque off at the end
+    assert not any(emu.torque_enabled())                       # torque off at the end
     q = np.array(emu.joint_positions())[robot.arm_index]
     idx = robot.arm_index
     assert (q >= robot.lower[idx] - 0.02).all() and (q <= robot.upper[idx] + 0.02).all()
@@ -48,7 +50,7 @@ def test_bad_target_holds_then_turns_torque_off(arm):
     stats = loop.run(seconds=3.0)
     assert stats["policy_errors"] >= safety.cfg.torque_off_after - 1
     assert safety.tripped == "watchdog_torque_off" and safety.counters["watchdog_hold"] > 0
-    assert not bool(emu.sim.enabled.any())
+    assert not any(emu.torque_enabled())
 
 
 def test_unplugged_adapter_ends_in_a_defined_state(arm):
@@ -73,4 +75,4 @@ def test_servo_overload_turns_torque_off(arm):
     emu.faults.error_bits = 0x20
     loop.run(seconds=2.0)
     assert safety.tripped is not None and "error_0x20" in safety.tripped
-    assert not bool(emu.sim.enabled.any())
+    assert not any(emu.torque_enabled())

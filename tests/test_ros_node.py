@@ -31,6 +31,8 @@ REFERENCE_POLICY = REPO_ROOT / "data" / "policies" / "reach.onnx"
 from ros_harness import Client, NodeProcess, diag_with  # noqa: E402  (sets the ROS environment first)
 from so_arm_policy import params  # noqa: E402
 
+pytestmark = pytest.mark.bus
+
 
 # ------------------------------------------------------------------ no ROS needed
 def test_config_file_holds_every_parameter_with_its_default():

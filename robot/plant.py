@@ -1,0 +1,223 @@
+"""The emulated arm's physics, in a process of its own, so that the servo bus never waits for it.
+
+The bus side (robot/emulator.py) answers every packet from the latest published state and
+hands goals and torque switches over as commands; this process steps the plant toward real
+time in slices of one physics step and publishes the state after each. When the plant cannot
+keep real time (eager physics on a slow or busy machine), the simulated clock runs slow: the
+backlog beyond MAX_BEHIND_S is dropped and counted in `PlantState.lag_s`, and the bus keeps
+answering from the newest state. Nothing about the replies' timing depends on the physics.
+
+    plant = PlantProcess(robot, q0=None)      # None: the pose the unpowered arm settles in
+    plant.command_goal(j, rad); plant.command_torque(j, True); plant.place(q)
+    plant.state().q ...; plant.close()
+
+Shared memory layout (float64): state = [seq, time_s, lag_s, q[J], qd[J]];
+commands = [place_seq, goal[J], torque[J], place_q[J]].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from soarm import CONFIG_DIR
+from soarm.description import RobotDescription
+from soarm.files import atomic_write
+
+SERVO_FILE = CONFIG_DIR / "servo" / "sts3215_7v4.yaml"
+MAX_BEHIND_S = 0.05          # a larger backlog of physics is dropped: the simulated clock slows
+START_TIMEOUT_S = 300.0      # torch import, first rest-pose settle (cached after), compile
+
+
+@dataclass(frozen=True)
+class PlantState:
+    q: list[float]           # rad, every joint
+    qd: list[float]          # rad/s
+    time_s: float            # simulated time since start
+    lag_s: float             # simulated time dropped because the physics fell behind real time
+
+
+class PlantProcess:
+    """Parent side: starts the physics process, reads its state, sends it commands."""
+
+    def __init__(self, robot: RobotDescription, dt: float = 0.0056, q0: list[float] | None = None,
+                 compile: bool = False):
+        # Forked from a clean server process that has torch imported but never ran it: a plant
+        # starts in a fraction of a second, and nothing forks a process holding torch threads.
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "soarm.sim", "soarm.robot.plant"])
+        J = self.J = len(robot.joints)
+        self._state = ctx.RawArray("d", 3 + 2 * J)
+        self._cmd = ctx.RawArray("d", 1 + 3 * J)
+        self._lock = ctx.Lock()
+        self._stop = ctx.Event()
+        ready = ctx.Event()
+        self._proc = ctx.Process(target=_serve, name="soarm-plant", daemon=True,
+                                 args=(robot, dt, q0, compile, self._state, self._cmd, self._lock, self._stop,
+                                       ready))
+        self._proc.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not ready.wait(0.05):
+            if not self._proc.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"emulator physics did not start (exit code {self._proc.exitcode})")
+        self._place_seq = 0
+        self.dt = dt
+
+    # ------------------------------------------------------------ views on shared memory
+    def _s(self) -> np.ndarray:
+        return np.frombuffer(self._state, dtype=np.float64)
+
+    def _c(self) -> np.ndarray:
+        return np.frombuffer(self._cmd, dtype=np.float64)
+
+    def _goal_view(self) -> np.ndarray:
+        return self._c()[1:1 + self.J]
+
+    # ------------------------------------------------------------ bus side
+    def state(self) -> PlantState:
+        with self._lock:
+            s = self._s().copy()
+        J = self.J
+        return PlantState(s[3:3 + J].tolist(), s[3 + J:3 + 2 * J].tolist(), float(s[1]), float(s[2]))
+
+    def command_goal(self, joint: int, rad: float) -> None:
+        with self._lock:
+            self._goal_view()[joint] = rad
+
+    def command_torque(self, joint: int, on: bool) -> None:
+        with self._lock:
+            self._c()[1 + self.J + joint] = 1.0 if on else 0.0
+
+    def place(self, q: list[float]) -> None:
+        """Put the arm at q (rad), at rest; the published state says so at once."""
+        J = self.J
+        with self._lock:
+            self._place_seq += 1
+            c, s = self._c(), self._s()
+            c[0] = self._place_seq
+            c[1 + 2 * J:1 + 3 * J] = q
+            s[3:3 + J] = q
+            s[3 + J:3 + 2 * J] = 0.0
+
+    def wait(self, sim_seconds: float, timeout: float = 120.0) -> bool:
+        """Block until the simulated clock has advanced by sim_seconds (tests, scripted
+        operators: 'let the arm move for 1 s' holds on any machine speed)."""
+        end = self.state().time_s + sim_seconds
+        deadline = time.monotonic() + timeout
+        while self.state().time_s < end:
+            if time.monotonic() > deadline or not self._proc.is_alive():
+                return False
+            time.sleep(0.005)
+        return True
+
+    def close(self) -> None:
+        self._stop.set()
+        self._proc.join(timeout=5)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+
+
+# ---------------------------------------------------------------- the physics process
+def _serve(robot, dt, q0, compile, state_arr, cmd_arr, lock, stop, ready) -> None:
+    import torch
+
+    from soarm import config
+    from soarm.servo import ServoConfig
+    from soarm.sim import ArmSim
+
+    torch.set_num_threads(1)
+    servo_cfg = config.load(ServoConfig, SERVO_FILE)
+    sim = ArmSim(robot, servo_cfg.params, servo_cfg.registers, 1, dt)
+    q_start = q0 if q0 is not None else rest_pose(sim)
+    sim.reset(torch.ones(1, dtype=torch.bool), torch.tensor([q_start], dtype=torch.float32))
+    sim.enabled[:] = False                                   # servos power up with torque off
+    if compile:
+        sim.compile()
+    J = sim.J
+    s = np.frombuffer(state_arr, dtype=np.float64)
+    c = np.frombuffer(cmd_arr, dtype=np.float64)
+    t_sim, lag, seq, place_seen = 0.0, 0.0, 0, 0.0
+    with lock:
+        s[3:3 + J] = sim.q[0].tolist()
+        c[1:1 + J] = s[3:3 + J]
+    ready.set()
+    t0, last_warn, last_alive = time.monotonic(), -1e9, time.monotonic()
+    parent = mp.parent_process()
+    with torch.no_grad():
+        while not stop.is_set():
+            if time.monotonic() - last_alive > 0.5:
+                if not parent.is_alive():                    # the emulator died: so does its physics
+                    return
+                last_alive = time.monotonic()
+            behind = time.monotonic() - t0 - lag - t_sim
+            if behind < dt:
+                time.sleep(dt - behind)
+                continue
+            if behind > MAX_BEHIND_S:
+                lag += behind - dt
+                if lag > 1.0 and time.monotonic() - last_warn > 30:
+                    last_warn = time.monotonic()
+                    print(f"emulator: the physics cannot keep real time; the simulated clock runs slow "
+                          f"({lag:.1f} s behind so far); replies are not delayed", file=sys.stderr, flush=True)
+            with lock:
+                cmd = c.copy()
+            if cmd[0] != place_seen:
+                place_seen = cmd[0]
+                sim.q = torch.from_numpy(cmd[None, 1 + 2 * J:1 + 3 * J]).float()
+                sim.qd = torch.zeros_like(sim.q)
+            on = torch.from_numpy(cmd[None, 1 + J:1 + 2 * J] > 0.5)
+            rising = on & ~sim.enabled
+            if bool(rising.any()):
+                # Torque on: the firmware starts from where the joint is, then drives to the goal.
+                sim.firmware.target = torch.where(rising, sim.q, sim.firmware.target)
+                sim.firmware.target_vel = torch.where(rising, 0.0, sim.firmware.target_vel)
+            sim.enabled = on
+            sim.step(torch.from_numpy(cmd[None, 1:1 + J]).float(), 1)
+            t_sim += dt
+            seq += 1
+            with lock:
+                if c[0] != place_seen:
+                    continue                                 # placed meanwhile: this step is void
+                s[0], s[1], s[2] = seq, t_sim, lag
+                s[3:3 + J] = sim.q[0].tolist()
+                s[3 + J:3 + 2 * J] = sim.qd[0].tolist()
+
+
+def rest_pose(sim) -> list[float]:
+    """Where the unpowered arm comes to rest when let go at home; settled once per robot,
+    servo model and step, then read from ~/.cache/soarm (the settling takes seconds eagerly)."""
+    import torch
+
+    robot = sim.robot
+    home = dict(zip(robot.arm_joints, robot.home))
+    q = [float(home.get(n, robot.gripper_hold)) for n in robot.names]
+    key = hashlib.sha256(repr((robot, sim.servo, sim.registers, sim.dt, q)).encode()).hexdigest()[:16]
+    path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "soarm" / f"rest-pose-{key}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    sim.reset(torch.ones(1, dtype=torch.bool), torch.tensor([q], dtype=torch.float32))
+    sim.enabled[:] = False
+    chunk = round(0.5 / sim.dt)
+    with torch.no_grad():
+        for _ in range(20):                                  # at most 10 s; it settles in about 4.5 s
+            sim.step(sim.goal, chunk)
+            if float(sim.qd.abs().max()) < 1e-3:
+                break
+    rest = sim.q[0].tolist()
+    try:
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(rest)))
+    except OSError:
+        pass                                                 # a read-only home: settle again next time
+    return rest

@@ -1,0 +1,134 @@
+"""The servo-bus emulator itself: it answers in time however slow its physics, ignores what a
+servo would ignore, never writes a file it was given to read, and stops on SIGTERM."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from soarm.calibration.calibration import check_servos, load, ticks_to_rad
+from soarm.robot.bus import FeetechBus
+from soarm.robot.emulator import REPLY_BUDGET_S, ServoBusEmulator, checksum
+
+pytestmark = pytest.mark.bus
+
+IDS = {"shoulder_pan": 1, "shoulder_lift": 2, "elbow_flex": 3, "wrist_flex": 4, "wrist_roll": 5, "gripper": 6}
+LEROBOT = {
+    "shoulder_pan": {"id": 1, "drive_mode": 0, "homing_offset": -1470, "range_min": 758, "range_max": 3292},
+    "shoulder_lift": {"id": 2, "drive_mode": 0, "homing_offset": 153, "range_min": 815, "range_max": 3226},
+    "elbow_flex": {"id": 3, "drive_mode": 0, "homing_offset": 1368, "range_min": 869, "range_max": 3059},
+    "wrist_flex": {"id": 4, "drive_mode": 0, "homing_offset": -1470, "range_min": 859, "range_max": 3158},
+    "wrist_roll": {"id": 5, "drive_mode": 0, "homing_offset": 1140, "range_min": 0, "range_max": 4095},
+    "gripper": {"id": 6, "drive_mode": 0, "homing_offset": 1250, "range_min": 2019, "range_max": 3475},
+}
+
+
+def test_every_ping_is_answered_while_the_physics_runs_behind():
+    """The eager physics cannot keep real time on this machine (the simulated clock slows);
+    the bus keeps answering every ping, seconds after start as at once."""
+    with ServoBusEmulator() as emu:
+        bus = FeetechBus(emu.port, IDS)
+        bus.connect()
+        bus.enable_torque()                     # torque on: the physics has work to do
+        sim_start = emu.plant.state().time_s
+        end, pings = time.monotonic() + 5.0, 0
+        while time.monotonic() < end:
+            for sid in IDS.values():
+                assert bus._ping(sid, tries=1) == 777, (sid, emu.counters)
+                pings += 1
+        assert emu.plant.state().time_s > sim_start           # the physics ran meanwhile
+        assert emu.counters["malformed"] == 0
+        bus.torque_off()
+        print(f"{pings} pings, {emu.counters['over_budget']} replies over the {REPLY_BUDGET_S * 1e3:.0f} ms budget "
+              f"(longest {emu.max_reply_s * 1e3:.1f} ms), physics {emu.plant.state().lag_s:.1f} s behind real time")
+
+
+def packet(sid: int, inst: int, params: bytes = b"", length: int | None = None) -> bytes:
+    body = [sid, len(params) + 2 if length is None else length, inst, *params]
+    return bytes([0xFF, 0xFF, *body, checksum(body)])
+
+
+MALFORMED = [
+    packet(1, 0x83, b""),                       # SYNC_WRITE without address and length
+    packet(1, 0x83, bytes([42, 2, 1])),         # SYNC_WRITE with an id and no data
+    packet(0xFE, 0x82, b""),                    # SYNC_READ without address and length
+    packet(0xFE, 0x82, bytes([56])),            # SYNC_READ without length
+    packet(1, 2, b""),                          # READ without address
+    packet(1, 2, bytes([56])),                  # READ without length
+    packet(1, 2, bytes([250, 200])),            # READ past the end of the table
+    packet(1, 3, b""),                          # WRITE without address
+    packet(1, 3, bytes([250, 1, 2, 3, 4, 5, 6, 7, 8])),   # WRITE past the end of the table
+    packet(1, 4, b""),                          # REG_WRITE without address
+    packet(1, 0x77, bytes([1, 2])),             # an unknown instruction
+    packet(1, 1, b"", length=0),                # a length too short for an instruction
+    packet(1, 1, b"", length=1),
+    packet(9, 2, bytes([56, 2])),               # an id nobody has
+]
+
+
+def test_malformed_packets_are_ignored_as_a_servo_does():
+    with ServoBusEmulator() as emu:
+        bus = FeetechBus(emu.port, IDS)
+        bus.connect()
+        for p in MALFORMED:
+            bus.port.ser.write(p)
+            time.sleep(0.002)
+            bus.port.ser.reset_input_buffer()
+            assert bus._ping(1) == 777, (p.hex(), emu.counters)      # still serving
+        assert emu._thread.is_alive()
+        assert bus.read("Homing_Offset", 1) == 0 and bus.read("Lock", 1) == 1   # nothing written
+
+
+def test_the_arm_can_be_assembled_as_a_users_lerobot_file_describes(tmp_path, robot):
+    path = tmp_path / "my_arm.json"
+    path.write_text(json.dumps(LEROBOT))
+    cal = load(path)
+    with ServoBusEmulator(seed=3) as emu:
+        emu.assemble_as(cal)
+        bus = FeetechBus(emu.port, IDS)
+        bus.connect()
+        check_servos(bus, cal)                                  # the EEPROM holds the file's values
+        q_true = [0.3, -0.5, 0.4, 0.9, -1.0, 0.2]
+        emu.place(q_true)
+        pos = bus.sync_read("Present_Position", tries=3)
+        for n in robot.arm_joints:
+            assert abs(ticks_to_rad(cal[n], pos[IDS[n]]) - q_true[IDS[n] - 1]) <= 1.5 * 6.2832 / 4096, n
+    assert json.loads(path.read_text()) == LEROBOT
+
+
+def run_cli(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "soarm.cli", "emulate", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_calibrate_never_overwrites_a_file(tmp_path):
+    path = tmp_path / "my_arm.json"
+    path.write_text(json.dumps(LEROBOT))
+    r = run_cli("--no-compile", "--calibrate", str(path))
+    assert r.returncode == 2 and "never overwrites" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    assert json.loads(path.read_text()) == LEROBOT
+
+
+def test_sigterm_stops_the_emulator_cleanly(tmp_path):
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen([sys.executable, "-m", "soarm.cli", "emulate", "--no-compile", "--quiet",
+                             "--ready-file", str(ready), "--link", str(tmp_path / "so101")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.02)
+        port = json.loads(ready.read_text())["port"]
+        assert os.path.realpath(tmp_path / "so101") == port
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert "stopped;" in proc.stdout.read()
+        assert not (tmp_path / "so101").exists()                # its link is gone with it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
