@@ -217,3 +217,20 @@ def _parse_urdf(path: Path) -> tuple[list[Joint], dict[str, tuple[str, np.ndarra
             raise ConfigError(f"{path.name}: fixed link '{clink}' must hang from a moving link")
         fixed[clink] = (joints[owner[plink]].name, xyz)
     return joints, fixed, base
+
+
+def with_payload(robot: RobotDescription, mass: float) -> RobotDescription:
+    """The arm holding a point mass (kg) at its fingertip: folded into the fingertip body's
+    inertial (mass, centre of mass, inertia by the parallel-axis theorem)."""
+    import dataclasses
+
+    j = robot.joints[robot.fingertip_body]
+    m = j.mass + mass
+    com = (j.mass * j.com + mass * robot.fingertip_xyz) / m
+
+    def about(point_mass: float, r: np.ndarray) -> np.ndarray:
+        return point_mass * (r @ r * np.eye(3) - np.outer(r, r))
+    inertia = j.inertia + about(j.mass, j.com - com) + about(mass, robot.fingertip_xyz - com)
+    joints = list(robot.joints)
+    joints[robot.fingertip_body] = dataclasses.replace(j, mass=m, com=com, inertia=inertia)
+    return dataclasses.replace(robot, joints=tuple(joints))

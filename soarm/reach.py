@@ -248,6 +248,18 @@ def uniform(gen: torch.Generator, shape, bounds: tuple[float, float], device, dt
     return lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=dtype).to(device)
 
 
+def draw_physics(gen: torch.Generator, cfg: RandomizationCfg, servo, n: int, J: int, device,
+                 dtype=torch.float32) -> dict[str, torch.Tensor]:
+    """One draw of the randomized physical parameters (soarm.sim.Physics fields) for n arms,
+    around the servo's identified friction."""
+    rnd = lambda bounds: uniform(gen, (n, J), bounds, device, dtype)  # noqa: E731
+    return {"gain_scale": rnd(cfg.gain_scale),
+            "coulomb": servo.friction_coulomb * rnd(cfg.friction_scale),
+            "viscous": servo.friction_viscous * rnd(cfg.friction_scale),
+            "mass_scale": rnd(cfg.mass_scale),
+            "encoder_offset": tick_offsets(gen, (n, J), cfg.encoder_offset_ticks, device, dtype)}
+
+
 def tick_offsets(gen: torch.Generator, shape, max_ticks: int, device, dtype) -> torch.Tensor:
     ticks = torch.randint(-max_ticks, max_ticks + 1, shape, generator=gen)
     return (ticks * (2 * math.pi / 4096)).to(device=device, dtype=dtype)

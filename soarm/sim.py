@@ -30,7 +30,8 @@ class Physics:
 class ArmSim:
     def __init__(self, robot: RobotDescription, servo: ServoParams, registers: ServoRegisters,
                  num_envs: int, dt: float, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, backlash: float = 0.0):
+        """`backlash`: rad of free play in each servo's gearbox (0: none), see `_gear_play`."""
         self.robot, self.servo, self.registers = robot, servo, registers
         self.N, self.dt = num_envs, dt
         self.dyn = ArmDynamics(robot, device, dtype)
@@ -47,6 +48,9 @@ class ArmSim:
         ones = torch.ones(num_envs, J, **kw)
         self.physics = Physics(ones.clone(), ones.clone(), ones * servo.friction_coulomb,
                                ones * servo.friction_viscous, torch.zeros_like(ones))
+        self.backlash = backlash
+        self.slack = torch.zeros_like(ones)          # motor side minus output side, |slack| <= backlash / 2
+        self.motor_vel = torch.zeros_like(ones)
 
     def measured(self) -> torch.Tensor:
         """Encoder readings [N, J] in rad: whole ticks, including each joint's calibration error."""
@@ -67,6 +71,8 @@ class ArmSim:
         m = mask[:, None]
         self.q = torch.where(m, q, self.q)
         self.qd = torch.where(m, 0.0, self.qd)
+        self.slack = torch.where(m, 0.0, self.slack)
+        self.motor_vel = torch.where(m, 0.0, self.motor_vel)
         meas = self.measured()
         self.goal = torch.where(m, meas, self.goal)
         self.firmware.reset(mask, meas)
@@ -100,8 +106,38 @@ class ArmSim:
         tau, coulomb = servo_torque(self.firmware, self.goal, self.measured(), self.qd, params,
                                     self.registers, self.dt, gain_scale=ph.gain_scale, enabled=self.enabled)
         M, bias = self.dyn.mass_and_bias(self.q, self.qd, ph.mass_scale)
-        q, qd = integrate(self.q, self.qd, M + self.armature, tau - bias, coulomb, self.dt)
+        if self.backlash > 0:
+            q, qd = self._gear_play(M, bias, tau, coulomb)
+        else:
+            q, qd = integrate(self.q, self.qd, M + self.armature, tau - bias, coulomb, self.dt)
         # Hard stops at the joint limits: the joint stops there.
         hit = (q < self.lower) | (q > self.upper)
         self.q = torch.clamp(q, self.lower, self.upper)
         self.qd = torch.where(hit, 0.0, qd)
+
+    def _gear_play(self, M: torch.Tensor, bias: torch.Tensor, tau: torch.Tensor, coulomb: torch.Tensor):
+        """One step with backlash between motor and output (the encoder reads the output shaft).
+
+        A joint is engaged while its slack sits at the end of the gap that the drive torque
+        pushes into: then it moves as one body with the rotor, as without backlash. Otherwise
+        the output moves on its own (gravity, the other links) and the rotor on its own (drive
+        torque, gearbox friction, rotor inertia), until the slack reaches an end of the gap,
+        where the two meet in an inelastic impact (momentum kept, joint inertia M_jj).
+        """
+        half, eps, dt = self.backlash / 2, 1e-6, self.dt
+        rotor = self.armature.diagonal()
+        engaged = ((self.slack >= half - eps) & (tau >= 0)) | ((self.slack <= -half + eps) & (tau <= 0))
+        drive = torch.where(engaged, tau, 0.0)
+        inertia = M + torch.diag_embed(torch.where(engaged, rotor, 0.0))
+        q, qd = integrate(self.q, self.qd, inertia, drive - bias, torch.where(engaged, coulomb, 0.0), dt)
+        # The free rotor: drive torque against implicit Coulomb friction, as `integrate` applies it.
+        v = self.motor_vel + dt * tau / rotor
+        cap = coulomb * dt / rotor
+        motor_vel = torch.where(engaged, qd, v - torch.clamp(v, -cap, cap))
+        slack = torch.where(engaged, self.slack, self.slack + dt * (motor_vel - qd))
+        hit = slack.abs() > half
+        Mjj = M.diagonal(dim1=-2, dim2=-1)
+        merged = (rotor * motor_vel + Mjj * qd) / (rotor + Mjj)
+        self.slack = torch.clamp(slack, -half, half)
+        self.motor_vel = torch.where(hit, merged, motor_vel)
+        return q, torch.where(hit, merged, qd)

@@ -16,8 +16,8 @@ import torch
 from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription, load_robot
 from soarm.reach import (ACTION_DIM, OBS_DIM, ReachCfg, action_to_goal, check_action, deviation_weights,
-                         draw_targets, full_pose, observe, rewards, sample_targets, task_state, terminations,
-                         tick_offsets, uniform)
+                         draw_physics, draw_targets, full_pose, observe, rewards, sample_targets, task_state,
+                         terminations, uniform)
 from soarm.servo import ServoConfig
 from soarm.sim import ArmSim
 from soarm.training.episode_stats import EpisodeStats
@@ -78,13 +78,8 @@ class ReachEnv:
         J, dev, dt = self.sim.J, self.device, torch.float32
         ph, servo = self.sim.physics, self.sim.servo
         m = mask[:, None]
-        rnd = lambda bounds, shape=(n, J): uniform(self.gen, shape, bounds, dev, dt)  # noqa: E731
-        ph.gain_scale = torch.where(m, rnd(cfg.gain_scale), ph.gain_scale)
-        ph.coulomb = torch.where(m, servo.friction_coulomb * rnd(cfg.friction_scale), ph.coulomb)
-        ph.viscous = torch.where(m, servo.friction_viscous * rnd(cfg.friction_scale), ph.viscous)
-        ph.mass_scale = torch.where(m, rnd(cfg.mass_scale), ph.mass_scale)
-        ph.encoder_offset = torch.where(m, tick_offsets(self.gen, (n, J), cfg.encoder_offset_ticks, dev, dt),
-                                        ph.encoder_offset)
+        for name, value in draw_physics(self.gen, cfg, servo, n, J, dev, dt).items():
+            setattr(ph, name, torch.where(m, value, getattr(ph, name)))
         lat = torch.rand(n, generator=self.gen).to(dev) < cfg.latency_prob
         self.latent = torch.where(mask, lat, self.latent)
         noise = (-cfg.start_noise, cfg.start_noise)

@@ -3,7 +3,7 @@
 The task is soarm/reach.py's, function for function, as in the embedded simulator
 (training/env.py): targets from `sample_targets`, observations from `observe`, actions to
 goals by `action_to_goal` (relative joint targets), `rewards`, `terminations`, and the same
-domain randomization draws (`uniform`, `tick_offsets`) of servo gain, friction, encoder
+domain randomization draws (`draw_physics`, `uniform`) of servo gain, friction, encoder
 offsets, link masses and one-step latency. Newton integrates the rigid bodies; the servo
 actuator (actuator.py) computes every joint torque.
 
@@ -21,8 +21,8 @@ from isaaclab.envs import DirectRLEnv
 from soarm import config
 from soarm.description import load_robot
 from soarm.dynamics import ArmDynamics
-from soarm.reach import (ReachCfg, action_to_goal, deviation_weights, draw_targets, full_pose, observe, rewards,
-                         sample_targets, task_state, terminations, tick_offsets, uniform)
+from soarm.reach import (ReachCfg, action_to_goal, deviation_weights, draw_physics, draw_targets, full_pose, observe,
+                         rewards, sample_targets, task_state, terminations, uniform)
 from soarm.training.episode_stats import EpisodeStats
 from soarm.training.isaac.reach_env_cfg import SO101ReachEnvCfg
 
@@ -122,16 +122,16 @@ class SO101ReachEnv(DirectRLEnv):
         super()._reset_idx(env_ids)
         n, J, dev = len(env_ids), len(self.robot.names), self.device
         cfg, s = self.task.randomization, self.servos
-        rnd = lambda bounds: uniform(self.gen, (n, J), bounds, dev, torch.float32)  # noqa: E731
-        s.gain_scale[env_ids] = rnd(cfg.gain_scale)
-        s.coulomb[env_ids] = s.params.friction_coulomb * rnd(cfg.friction_scale)
-        s.viscous[env_ids] = s.params.friction_viscous * rnd(cfg.friction_scale)
-        mass_scale = rnd(cfg.mass_scale)                  # link mass and inertia, as soarm/dynamics.py scales them
+        drawn = draw_physics(self.gen, cfg, s.params, n, J, dev)
+        s.gain_scale[env_ids] = drawn["gain_scale"]
+        s.coulomb[env_ids] = drawn["coulomb"]
+        s.viscous[env_ids] = drawn["viscous"]
+        mass_scale = drawn["mass_scale"]                  # link mass and inertia, as soarm/dynamics.py scales them
         self.arm_robot.set_masses_index(masses=self.nominal_mass[env_ids] * mass_scale, body_ids=self.bodies,
                                         env_ids=env_ids)
         self.arm_robot.set_inertias_index(inertias=self.nominal_inertia[env_ids] * mass_scale[..., None],
                                           body_ids=self.bodies, env_ids=env_ids)
-        s.encoder_offset[env_ids] = tick_offsets(self.gen, (n, J), cfg.encoder_offset_ticks, dev, torch.float32)
+        s.encoder_offset[env_ids] = drawn["encoder_offset"]
         self.latent[env_ids] = (torch.rand(n, generator=self.gen) < cfg.latency_prob).to(dev)
         noise = (-cfg.start_noise, cfg.start_noise)
         arm_q = self.home + uniform(self.gen, (n, len(self.home)), noise, dev, torch.float32)
