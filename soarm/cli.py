@@ -6,6 +6,7 @@
     soarm emulate      a simulated SO-101 servo bus on a pseudo-terminal, for the Feetech SDK
     soarm calibrate    LeRobot's SO-101 calibration on the arm (writes the servos' EEPROM and a JSON file)
     soarm replay       an encoder log through observation + policy + safety, against what was sent
+    soarm transfer     a policy as on the arm, on plants other than its training plant (MuJoCo included)
     soarm servo-fit    fit the servo model and the PD baseline on real bench logs
     soarm servo-check  compare both fitted models on (new) bench logs
 """
@@ -208,6 +209,27 @@ def _calibrate(args) -> int:
     return 0
 
 
+def _transfer(args) -> int:
+    import json
+
+    from soarm.files import atomic_write
+    from soarm.robot.transfer import parse_plants, plot, run_suite, table
+
+    plants = parse_plants(args.plants)
+    print(f"transfer: {args.policy} on {len(plants)} plants, {args.targets} targets each (seed {args.seed})")
+    result = run_suite(args.policy, plants, targets=args.targets, seed=args.seed)
+    print(table(result))
+    out = Path(args.out)
+    atomic_write(out, lambda tmp: tmp.write_text(json.dumps(result, indent=1) + "\n"))
+    png = out.with_suffix(".png")
+    plot(result, png)
+    rows = result["plants"]
+    worst = max(rows, key=lambda n: rows[n].get("ratio_to_nominal", 0.0))
+    summary = (f"worst {worst}: {rows[worst]['ratio_to_nominal']:.2f}x nominal; " if "nominal" in rows else "")
+    print(f"{summary}{result['seconds']:.0f} s; report {out}, plot {png}")
+    return 0
+
+
 def _replay(args) -> int:
     from soarm.export.runtime import PolicyRuntime
     from soarm.robot import replay
@@ -333,6 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", type=Path, required=True, help="exported policy (.onnx)")
     p.add_argument("--plot", type=Path, default=None)
     p.set_defaults(fn=_replay)
+
+    p = sub.add_parser("transfer", help="a policy as on the arm, on other plants than its training plant")
+    p.add_argument("policy", type=Path, help="exported policy (.onnx)")
+    p.add_argument("--targets", type=int, default=200, help="per plant, a multiple of 4 (one arm per 4 targets)")
+    p.add_argument("--plants", default=None, help="comma-separated names (default: all; a wrong one lists them)")
+    p.add_argument("--seed", type=int, default=7, help="targets and perturbation draws")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "transfer" / "transfer.json",
+                   help="JSON report; the plot goes beside it (.png)")
+    p.set_defaults(fn=_transfer)
 
     p = sub.add_parser("servo-fit", help="fit the servo model and a PD baseline on bench logs")
     p.add_argument("logs", nargs="*", type=Path, default=DEFAULT_LOGS)

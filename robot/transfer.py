@@ -1,0 +1,271 @@
+"""The transfer suite: one exported policy, run as on the arm, on plants other than the one it
+was trained on.
+
+    soarm transfer policy.onnx [--targets 200] [--plants nominal,mujoco,...]
+
+Every arm runs the robot's own decision step (robot/loop.py `PolicyStep`: the export runtime's
+observation and inference, then the safety layer) at the contract's rate, from rest at the
+home pose, through a fixed seeded sequence of targets, one per 2 s window as in training.
+The error is the true fingertip (our forward kinematics of the plant's true joint angles) to
+the target at each window's end; the posture check is each arm joint's distance to its
+limits there. Plants (PLANTS): our training plant (ArmSim with the STS3215 model) nominal,
+with the training randomization and with one perturbation each; TheRobotStudio's published
+MJCF in MuJoCo as published and with its actuators 0.5-50x as stiff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from soarm import CONFIG_DIR, config
+from soarm.description import RobotDescription, load_robot, with_payload
+from soarm.dynamics import ArmDynamics
+from soarm.export.runtime import PolicyRuntime
+from soarm.reach import ReachCfg, draw_physics, full_pose, sample_targets
+from soarm.robot.loop import PolicyStep
+from soarm.robot.safety import TORQUE_OFF, SafetyCfg, SafetyLayer
+from soarm.servo import TICK, ServoConfig
+from soarm.sim import ArmSim
+
+LIMIT_CLEARANCE = 0.1          # rad: a joint closer than this to a limit at a window's end counts
+
+
+@dataclass
+class PlantSpec:
+    """One row of the suite: how to build the plant for n arms, and the extra control ticks
+    of latency each arm's goals take to reach it."""
+    what: str
+    build: Callable[["SuiteContext", int, torch.Generator], object]
+    latency: Callable[[int, torch.Generator], np.ndarray] = field(default=lambda n, g: np.zeros(n, dtype=int))
+
+
+@dataclass
+class SuiteContext:
+    robot: RobotDescription
+    task: ReachCfg
+    servo: ServoConfig
+
+
+class SimPlant:
+    """ArmSim behind the numpy interface the suite drives (MujocoArm has the same)."""
+
+    def __init__(self, sim: ArmSim):
+        self.sim = sim
+
+    def reset(self, q: np.ndarray) -> None:
+        self.sim.reset(torch.ones(self.sim.N, dtype=torch.bool), torch.as_tensor(q, dtype=torch.float32))
+
+    def step(self, goal: np.ndarray, seconds: float) -> None:
+        with torch.no_grad():
+            self.sim.step(torch.as_tensor(goal, dtype=torch.float32), max(1, round(seconds / self.sim.dt)))
+
+    @property
+    def q(self) -> np.ndarray:
+        return self.sim.q.double().numpy()
+
+    def measured(self) -> np.ndarray:
+        return self.sim.measured().double().numpy()
+
+
+def _sim(ctx: SuiteContext, n: int, *, robot=None, params=None, registers=None, backlash: float = 0.0,
+         physics: Callable[[ArmSim], None] | None = None) -> SimPlant:
+    sim = ArmSim(robot or ctx.robot, params or ctx.servo.params, registers or ctx.servo.registers, n,
+                 dt=1.0 / (ctx.task.control_hz * ctx.task.substeps), backlash=backlash)
+    if physics is not None:
+        physics(sim)
+    return SimPlant(sim)
+
+
+def _randomized(ctx: SuiteContext, n: int, gen: torch.Generator) -> SimPlant:
+    def draw(sim):
+        for name, value in draw_physics(gen, ctx.task.randomization, ctx.servo.params, n, sim.J, "cpu").items():
+            setattr(sim.physics, name, value)
+    return _sim(ctx, n, physics=draw)
+
+
+def _scaled_friction(k: float):
+    def apply(sim):
+        sim.physics.coulomb = sim.physics.coulomb * k
+        sim.physics.viscous = sim.physics.viscous * k
+    return apply
+
+
+def _calibration_error(ticks: int, gen: torch.Generator):
+    def apply(sim):
+        sign = torch.randint(0, 2, sim.physics.encoder_offset.shape, generator=gen) * 2 - 1
+        sim.physics.encoder_offset = sign.float() * ticks * TICK
+    return apply
+
+
+def _mujoco(scale: float):
+    def build(ctx, n, gen):
+        from soarm.mujoco_arm import MujocoArm
+        return MujocoArm(ctx.robot, n, actuator_scale=scale)
+    return build
+
+
+def _latency(k: int):
+    return lambda n, gen: np.full(n, k, dtype=int)
+
+
+PLANTS: dict[str, PlantSpec] = {
+    "nominal": PlantSpec("our plant (ArmSim + STS3215 model, P=16), nominal", lambda c, n, g: _sim(c, n)),
+    "randomized": PlantSpec("our plant with the training randomization (incl. one-tick latency)", _randomized,
+                            lambda n, g: (torch.rand(n, generator=g) < 0.5).numpy().astype(int)),
+    "mujoco": PlantSpec("published MJCF in MuJoCo, as published (kp 17.8)", _mujoco(1.0)),
+    "mujoco_kp_x0.5": PlantSpec("published MJCF, actuator kp x0.5 (damping x0.71)", _mujoco(0.5)),
+    "mujoco_kp_x2": PlantSpec("published MJCF, actuator kp x2 (damping x1.41)", _mujoco(2.0)),
+    "mujoco_kp_x10": PlantSpec("published MJCF, actuator kp x10 (damping x3.2)", _mujoco(10.0)),
+    "mujoco_kp_x50": PlantSpec("published MJCF, actuator kp x50 (damping x7.1)", _mujoco(50.0)),
+    "p32": PlantSpec("our plant, firmware P = 32 (factory) instead of 16 (LeRobot's)",
+                     lambda c, n, g: _sim(c, n, registers=dataclasses.replace(c.servo.registers, p=32))),
+    "latency_1": PlantSpec("our plant, goals 1 control tick late", lambda c, n, g: _sim(c, n), _latency(1)),
+    "latency_2": PlantSpec("our plant, goals 2 control ticks late", lambda c, n, g: _sim(c, n), _latency(2)),
+    "backlash_1deg": PlantSpec("our plant, 1 deg of gearbox backlash per joint",
+                               lambda c, n, g: _sim(c, n, backlash=math.radians(1.0))),
+    "supply_6v5": PlantSpec("our plant, supply sagging to 6.5 V (from 7.4)",
+                            lambda c, n, g: _sim(c, n, params=dataclasses.replace(c.servo.params, voltage=6.5))),
+    "payload_100g": PlantSpec("our plant, 100 g held at the fingertip",
+                              lambda c, n, g: _sim(c, n, robot=with_payload(c.robot, 0.1))),
+    "calibration_10ticks": PlantSpec("our plant, each joint's zero off by +-10 ticks",
+                                     lambda c, n, g: _sim(c, n, physics=_calibration_error(10, g))),
+    "friction_x2": PlantSpec("our plant, Coulomb and viscous friction x2",
+                             lambda c, n, g: _sim(c, n, physics=_scaled_friction(2.0))),
+}
+
+
+def parse_plants(names: str | None) -> list[str]:
+    """'a,b' -> ['a', 'b'] (None: all); an unknown name is a one-line ValueError listing the known ones."""
+    if not names:
+        return list(PLANTS)
+    out = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in out if n not in PLANTS]
+    if unknown:
+        raise ValueError(f"unknown plant '{unknown[0]}'; known: {', '.join(PLANTS)}")
+    return out
+
+
+def fixed_targets(dyn: ArmDynamics, task: ReachCfg, count: int, seed: int) -> torch.Tensor:
+    return sample_targets(dyn, task.command, count, torch.Generator().manual_seed(seed)).float()
+
+
+def run_plant(rt: PolicyRuntime, spec: PlantSpec, ctx: SuiteContext, targets: np.ndarray, windows: int,
+              seed: int, safety: SafetyCfg, progress: Callable[[], None] = lambda: None) -> dict:
+    """targets [windows * n, 3], window-major: arm i reaches for targets[w * n + i] in window w."""
+    robot, task = ctx.robot, ctx.task
+    n = len(targets) // windows
+    gen = torch.Generator().manual_seed(seed)
+    plant = spec.build(ctx, n, gen)
+    latency = spec.latency(n, gen)
+    dyn = ArmDynamics(robot, dtype=torch.float64)
+    arm = robot.arm_index
+    home = full_pose(dyn, torch.as_tensor(robot.home, dtype=torch.float64)[None]).numpy()
+    plant.reset(np.repeat(home, n, axis=0))
+    meas = plant.measured()
+    steps = [PolicyStep(rt, SafetyLayer(safety, robot.lower[arm], robot.upper[arm]), rt.control_hz, meas[i, arm])
+             for i in range(n)]
+    sent = meas.copy()                                     # what the plant holds: every joint's goal
+    line = deque([sent.copy() for _ in range(int(latency.max()) + 1)], maxlen=int(latency.max()) + 1)
+    period, window_steps = 1.0 / rt.control_hz, task.window_steps
+    errors, clear, torque_off = [], [], 0
+    lo, hi = robot.lower[arm], robot.upper[arm]
+    for w in range(windows):
+        tgt = targets[w * n:(w + 1) * n]
+        for _ in range(window_steps):
+            meas = plant.measured()
+            for i, step in enumerate(steps):
+                d = step(meas[i, arm], tgt[i]).decision
+                if d.kind == TORQUE_OFF:
+                    torque_off += 1
+                else:
+                    sent[i, arm] = d.goal
+            line.append(sent.copy())
+            applied = np.stack([line[-1 - k][i] for i, k in enumerate(latency)])
+            plant.step(applied, period)
+        q = plant.q
+        tip = dyn.fingertip(torch.as_tensor(q, dtype=torch.float64)).numpy()
+        errors.extend(np.linalg.norm(tip - tgt, axis=1).tolist())
+        qa = q[:, arm]
+        clear.extend((np.minimum(qa - lo, hi - qa).min(axis=1) >= LIMIT_CLEARANCE).tolist())
+        progress()
+    err = np.array(errors)
+    events: dict[str, int] = {}
+    for step in steps:
+        for k, v in step.safety.counters.items():
+            events[k] = events.get(k, 0) + v
+    return {"what": spec.what, "targets": len(err), "mean_error_m": float(err.mean()),
+            "median_error_m": float(np.median(err)), "p95_error_m": float(np.percentile(err, 95)),
+            "success_1cm": float((err < 0.01).mean()), "success_5mm": float((err < 0.005).mean()),
+            "clear_of_limits": float(np.mean(clear)), "torque_off_ticks": torque_off, "safety_events": events,
+            "errors_m": err.tolist()}
+
+
+def run_suite(policy: str | Path, plants: list[str], targets: int = 200, windows: int = 4, seed: int = 7,
+              progress: bool = True, task: ReachCfg | None = None) -> dict:
+    """Every plant in `plants` on the same `targets` (a multiple of `windows`)."""
+    from tqdm import tqdm
+
+    robot = load_robot()
+    task = task or config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml")
+    servo = config.load(ServoConfig, CONFIG_DIR / task.servo)
+    ctx = SuiteContext(robot, task, servo)
+    rt = PolicyRuntime(policy, robot)
+    if targets % windows:
+        raise ValueError(f"targets: {targets} is not a multiple of {windows} windows")
+    pts = fixed_targets(ArmDynamics(robot, dtype=torch.float64), task, targets, seed).numpy()
+    rows, t0 = {}, time.time()
+    bar = tqdm(total=len(plants) * windows, desc="transfer", disable=not progress, leave=False)
+    for name in plants:
+        bar.set_postfix_str(name)
+        rows[name] = run_plant(rt, PLANTS[name], ctx, pts, windows, seed, SafetyCfg(), progress=lambda: bar.update())
+    bar.close()
+    if "nominal" in rows:
+        for r in rows.values():
+            r["ratio_to_nominal"] = r["mean_error_m"] / rows["nominal"]["mean_error_m"]
+    return {"policy": str(policy), "targets": targets, "windows": windows, "seed": seed, "plants": rows,
+            "seconds": time.time() - t0}
+
+
+def table(result: dict) -> str:
+    head = (f"{'plant':<22}{'mean':>8}{'median':>8}{'p95':>8}{'<1cm':>8}{'<5mm':>8}{'ratio':>7}{'clear':>8}"
+            "   (mm, %; ratio: mean / nominal mean; clear: window ends >= 0.1 rad from every limit)")
+    lines = [head]
+    for name, r in result["plants"].items():
+        ratio = f"{r['ratio_to_nominal']:.2f}" if "ratio_to_nominal" in r else "-"
+        lines.append(f"{name:<22}{r['mean_error_m'] * 1e3:8.2f}{r['median_error_m'] * 1e3:8.2f}"
+                     f"{r['p95_error_m'] * 1e3:8.2f}{r['success_1cm'] * 100:8.1f}{r['success_5mm'] * 100:8.1f}"
+                     f"{ratio:>7}{r['clear_of_limits'] * 100:8.1f}")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from soarm.files import atomic_write
+
+    names = list(result["plants"])
+    data = [np.array(result["plants"][n]["errors_m"]) * 1e3 for n in names]
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(names) + 1.5))
+    ax.boxplot(data, vert=False, showfliers=True, whis=(5, 95))
+    ax.set_yticks(range(1, len(names) + 1), names)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(5, color="grey", ls=":", lw=1)
+    ax.axvline(10, color="grey", ls="--", lw=1)
+    ax.set_xlabel("fingertip error at the end of each 2 s window (mm, log scale); whiskers 5-95 %; lines 5 and 10 mm")
+    ax.set_title(f"{Path(result['policy']).name}: {result['targets']} targets per plant")
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
