@@ -1,7 +1,9 @@
 """The emulated arm's physics, in a process of its own, so that the servo bus never waits for it.
 
-The bus side (robot/emulator.py) answers every packet from the latest published state and
-hands goals and torque switches over as commands; this process steps the plant toward real
+The plant is ArmSim (our training plant, the STS3215 model) or the published SO-101 MJCF in
+MuJoCo (soarm/mujoco_arm.py, an independent one). The bus side (robot/emulator.py) answers
+every packet from the latest published state and hands goals and torque switches over as
+commands; this process steps the plant toward real
 time in slices of one physics step and publishes the state after each. When the plant cannot
 keep real time (eager physics on a slow or busy machine), the simulated clock runs slow: the
 backlog beyond MAX_BEHIND_S is dropped and counted in `PlantState.lag_s`, and the bus keeps
@@ -49,11 +51,15 @@ class PlantProcess:
     """Parent side: starts the physics process, reads its state, sends it commands."""
 
     def __init__(self, robot: RobotDescription, dt: float = 0.0056, q0: list[float] | None = None,
-                 compile: bool = False):
+                 compile: bool = False, kind: str = "armsim"):
+        """kind: 'armsim' (our training plant; `dt`, `compile` apply) or 'mujoco' (the
+        published MJCF, at its own time step)."""
+        if kind not in PLANTS:
+            raise ValueError(f"unknown plant '{kind}'; known: {', '.join(PLANTS)}")
         # Forked from a clean server process that has torch imported but never ran it: a plant
         # starts in a fraction of a second, and nothing forks a process holding torch threads.
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "soarm.sim", "soarm.robot.plant"])
+        ctx.set_forkserver_preload(["torch", "soarm.sim", "soarm.mujoco_arm", "soarm.robot.plant"])
         J = self.J = len(robot.joints)
         self._state = ctx.RawArray("d", 3 + 2 * J)
         self._cmd = ctx.RawArray("d", 1 + 3 * J)
@@ -61,7 +67,7 @@ class PlantProcess:
         self._stop = ctx.Event()
         ready = ctx.Event()
         self._proc = ctx.Process(target=_serve, name="soarm-plant", daemon=True,
-                                 args=(robot, dt, q0, compile, self._state, self._cmd, self._lock, self._stop,
+                                 args=(robot, dt, q0, compile, kind, self._state, self._cmd, self._lock, self._stop,
                                        ready))
         self._proc.start()
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -70,7 +76,6 @@ class PlantProcess:
                 self.close()
                 raise RuntimeError(f"emulator physics did not start (exit code {self._proc.exitcode})")
         self._place_seq = 0
-        self.dt = dt
 
     # ------------------------------------------------------------ views on shared memory
     def _s(self) -> np.ndarray:
@@ -128,69 +133,133 @@ class PlantProcess:
 
 
 # ---------------------------------------------------------------- the physics process
-def _serve(robot, dt, q0, compile, state_arr, cmd_arr, lock, stop, ready) -> None:
+PLANTS = ("armsim", "mujoco")
+
+
+class _ArmSimStepper:
+    """Our training plant, one arm: ArmSim with the STS3215 model."""
+
+    def __init__(self, robot, dt: float, q0, compile: bool):
+        import torch
+
+        from soarm import config
+        from soarm.servo import ServoConfig
+        from soarm.sim import ArmSim
+
+        self.torch = torch
+        servo_cfg = config.load(ServoConfig, SERVO_FILE)
+        self.sim = sim = ArmSim(robot, servo_cfg.params, servo_cfg.registers, 1, dt)
+        self.dt = dt
+        q_start = q0 if q0 is not None else rest_pose(sim)
+        sim.reset(torch.ones(1, dtype=torch.bool), torch.tensor([q_start], dtype=torch.float32))
+        sim.enabled[:] = False                               # servos power up with torque off
+        if compile:
+            sim.compile()
+
+    def _row(self, x: np.ndarray):
+        """[J] -> a [1, J] tensor with the strides ArmSim's own tensors have: a numpy x[None]
+        has stride 0 on its new axis, and the compiled step would recompile for it (seconds
+        each, the arm frozen meanwhile)."""
+        return self.torch.from_numpy(np.array(x)).reshape(1, -1)
+
+    def place(self, q: np.ndarray) -> None:
+        self.sim.q = self._row(q).float()
+        self.sim.qd = self.torch.zeros_like(self.sim.q)
+
+    def step(self, goal: np.ndarray, torque: np.ndarray) -> None:
+        torch, sim = self.torch, self.sim
+        on = self._row(torque)
+        rising = on & ~sim.enabled
+        if bool(rising.any()):
+            # Torque on: the firmware starts from where the joint is, then drives to the goal.
+            sim.firmware.target = torch.where(rising, sim.q, sim.firmware.target)
+            sim.firmware.target_vel = torch.where(rising, 0.0, sim.firmware.target_vel)
+        sim.enabled = on
+        with torch.no_grad():
+            sim.step(self._row(goal).float(), 1)
+
+    def state(self) -> tuple[list[float], list[float]]:
+        return self.sim.q[0].tolist(), self.sim.qd[0].tolist()
+
+
+class _MujocoStepper:
+    """The independent plant, one arm: the published MJCF in MuJoCo (soarm/mujoco_arm.py).
+    Torque off: the position actuator's setpoint follows the joint, so it exerts nothing."""
+
+    def __init__(self, robot, q0):
+        from soarm.mujoco_arm import MujocoArm
+
+        self.arm = MujocoArm(robot, 1)
+        self.dt = self.arm.dt
+        self.torque = np.zeros(len(robot.names), dtype=bool)
+        if q0 is None:                                       # let the unpowered arm settle from home
+            home = dict(zip(robot.arm_joints, robot.home))
+            self.place(np.array([float(home.get(n, robot.gripper_hold)) for n in robot.names]))
+            for _ in range(round(10.0 / self.dt)):
+                self.step(self.arm.q[0], self.torque)
+        else:
+            self.place(np.asarray(q0, dtype=float))
+
+    def place(self, q: np.ndarray) -> None:
+        self.arm.reset(q[None])
+
+    def step(self, goal: np.ndarray, torque: np.ndarray) -> None:
+        self.arm.step(np.where(torque, goal, self.arm.q[0])[None], self.dt)
+
+    def state(self) -> tuple[list[float], list[float]]:
+        d = self.arm.data[0]
+        return d.qpos[self.arm.qadr].tolist(), d.qvel[self.arm.vadr].tolist()
+
+
+def _serve(robot, dt, q0, compile, kind, state_arr, cmd_arr, lock, stop, ready) -> None:
     import torch
 
-    from soarm import config
-    from soarm.servo import ServoConfig
-    from soarm.sim import ArmSim
-
     torch.set_num_threads(1)
-    servo_cfg = config.load(ServoConfig, SERVO_FILE)
-    sim = ArmSim(robot, servo_cfg.params, servo_cfg.registers, 1, dt)
-    q_start = q0 if q0 is not None else rest_pose(sim)
-    sim.reset(torch.ones(1, dtype=torch.bool), torch.tensor([q_start], dtype=torch.float32))
-    sim.enabled[:] = False                                   # servos power up with torque off
-    if compile:
-        sim.compile()
-    J = sim.J
+    plant = _MujocoStepper(robot, q0) if kind == "mujoco" else _ArmSimStepper(robot, dt, q0, compile)
+    dt = plant.dt
+    J = len(robot.names)
     s = np.frombuffer(state_arr, dtype=np.float64)
     c = np.frombuffer(cmd_arr, dtype=np.float64)
     t_sim, lag, seq, place_seen = 0.0, 0.0, 0, 0.0
+
+    def publish() -> None:
+        q, qd = plant.state()
+        s[0], s[1], s[2] = seq, t_sim, lag
+        s[3:3 + J] = q
+        s[3 + J:3 + 2 * J] = qd
+
     with lock:
-        s[3:3 + J] = sim.q[0].tolist()
+        publish()
         c[1:1 + J] = s[3:3 + J]
     ready.set()
     t0, last_warn, last_alive = time.monotonic(), -1e9, time.monotonic()
     parent = mp.parent_process()
-    with torch.no_grad():
-        while not stop.is_set():
-            if time.monotonic() - last_alive > 0.5:
-                if not parent.is_alive():                    # the emulator died: so does its physics
-                    return
-                last_alive = time.monotonic()
-            behind = time.monotonic() - t0 - lag - t_sim
-            if behind < dt:
-                time.sleep(dt - behind)
-                continue
-            if behind > MAX_BEHIND_S:
-                lag += behind - dt
-                if lag > 1.0 and time.monotonic() - last_warn > 30:
-                    last_warn = time.monotonic()
-                    print(f"emulator: the physics cannot keep real time; the simulated clock runs slow "
-                          f"({lag:.1f} s behind so far); replies are not delayed", file=sys.stderr, flush=True)
-            with lock:
-                cmd = c.copy()
-            if cmd[0] != place_seen:
-                place_seen = cmd[0]
-                sim.q = torch.from_numpy(cmd[None, 1 + 2 * J:1 + 3 * J]).float()
-                sim.qd = torch.zeros_like(sim.q)
-            on = torch.from_numpy(cmd[None, 1 + J:1 + 2 * J] > 0.5)
-            rising = on & ~sim.enabled
-            if bool(rising.any()):
-                # Torque on: the firmware starts from where the joint is, then drives to the goal.
-                sim.firmware.target = torch.where(rising, sim.q, sim.firmware.target)
-                sim.firmware.target_vel = torch.where(rising, 0.0, sim.firmware.target_vel)
-            sim.enabled = on
-            sim.step(torch.from_numpy(cmd[None, 1:1 + J]).float(), 1)
-            t_sim += dt
-            seq += 1
-            with lock:
-                if c[0] != place_seen:
-                    continue                                 # placed meanwhile: this step is void
-                s[0], s[1], s[2] = seq, t_sim, lag
-                s[3:3 + J] = sim.q[0].tolist()
-                s[3 + J:3 + 2 * J] = sim.qd[0].tolist()
+    while not stop.is_set():
+        if time.monotonic() - last_alive > 0.5:
+            if not parent.is_alive():                        # the emulator died: so does its physics
+                return
+            last_alive = time.monotonic()
+        behind = time.monotonic() - t0 - lag - t_sim
+        if behind < dt:
+            time.sleep(dt - behind)
+            continue
+        if behind > MAX_BEHIND_S:
+            lag += behind - dt
+            if lag > 1.0 and time.monotonic() - last_warn > 30:
+                last_warn = time.monotonic()
+                print(f"emulator: the physics cannot keep real time; the simulated clock runs slow "
+                      f"({lag:.1f} s behind so far); replies are not delayed", file=sys.stderr, flush=True)
+        with lock:
+            cmd = c.copy()
+        if cmd[0] != place_seen:
+            place_seen = cmd[0]
+            plant.place(cmd[1 + 2 * J:1 + 3 * J])
+        plant.step(cmd[1:1 + J], cmd[1 + J:1 + 2 * J] > 0.5)
+        t_sim += dt
+        seq += 1
+        with lock:
+            if c[0] == place_seen:                           # else placed meanwhile: this step is void
+                publish()
 
 
 def rest_pose(sim) -> list[float]:

@@ -258,7 +258,7 @@ def plot(result: dict, path: str | Path) -> None:
     names = list(result["plants"])
     data = [np.array(result["plants"][n]["errors_m"]) * 1e3 for n in names]
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(names) + 1.5))
-    ax.boxplot(data, vert=False, showfliers=True, whis=(5, 95))
+    ax.boxplot(data, orientation="horizontal", showfliers=True, whis=(5, 95))
     ax.set_yticks(range(1, len(names) + 1), names)
     ax.invert_yaxis()
     ax.set_xscale("log")

@@ -133,7 +133,7 @@ def _emulate(args) -> int:
         from soarm.description import load_robot
 
         cal = calibration.load(args.calibration, load_robot().names)
-    with ServoBusEmulator(faults=faults, seed=args.seed, compile=not args.no_compile) as emu:
+    with ServoBusEmulator(faults=faults, seed=args.seed, compile=not args.no_compile, plant=args.plant) as emu:
         signal.signal(signal.SIGUSR1, lambda *_: emu.unplug())
         if cal is not None:
             emu.assemble_as(cal)
@@ -146,7 +146,8 @@ def _emulate(args) -> int:
             port = f"{args.link} -> {emu.port}"
         if args.ready_file:          # the machine-readable handshake (EmulatorProcess reads it)
             atomic_write(args.ready_file, lambda tmp: tmp.write_text(json.dumps({"port": emu.port, "pid": os.getpid()})))
-        print(f"SO-101 servo bus (ids 1-6, STS3215, 1 Mbaud) on {port}; Ctrl-C to stop", flush=True)
+        print(f"SO-101 servo bus (ids 1-6, STS3215, 1 Mbaud, {args.plant} physics) on {port}; Ctrl-C to stop",
+              flush=True)
         try:
             while not stop.wait(5):
                 if not args.quiet:
@@ -303,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="simulator: the embedded one (default) or Isaac Lab 3 + Newton (its own venv)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--name", default=None)
+    p.add_argument("--plant", choices=("armsim", "mujoco"), default="armsim",
+                   help="the arm's physics: our training plant, or the published MJCF in MuJoCo (independent)")
     p.add_argument("--no-compile", action="store_true", help="run eagerly (no torch.compile)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. ppo.epochs=4")
@@ -341,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no packet counters every 5 s")
     p.add_argument("--ready-file", type=Path, default=None,
                    help="once serving, write {\"port\": ..., \"pid\": ...} to this JSON file (for scripts)")
+    p.add_argument("--plant", choices=("armsim", "mujoco"), default="armsim",
+                   help="the arm's physics: our training plant, or the published MJCF in MuJoCo (independent)")
     p.add_argument("--no-compile", action="store_true",
                    help="step the physics eagerly: starts ~10 s sooner, each step slower")
     p.set_defaults(fn=_emulate)

@@ -10,16 +10,7 @@ from soarm.calibration.calibration import (MotorCalibration, calibrate_emulated,
 from soarm.config import ConfigError
 from soarm.robot.bus import FeetechBus
 from soarm.robot.emulator import ServoBusEmulator
-
-# A calibration file as LeRobot 0.4 writes it for an SO-101 follower.
-LEROBOT = {
-    "shoulder_pan": {"id": 1, "drive_mode": 0, "homing_offset": -1470, "range_min": 758, "range_max": 3292},
-    "shoulder_lift": {"id": 2, "drive_mode": 0, "homing_offset": 153, "range_min": 815, "range_max": 3226},
-    "elbow_flex": {"id": 3, "drive_mode": 0, "homing_offset": 1368, "range_min": 869, "range_max": 3059},
-    "wrist_flex": {"id": 4, "drive_mode": 0, "homing_offset": -1470, "range_min": 859, "range_max": 3158},
-    "wrist_roll": {"id": 5, "drive_mode": 0, "homing_offset": 1140, "range_min": 0, "range_max": 4095},
-    "gripper": {"id": 6, "drive_mode": 0, "homing_offset": 1250, "range_min": 2019, "range_max": 3475},
-}
+from tests.reference.lerobot_calibration import LEROBOT_SO101 as LEROBOT
 
 
 def test_lerobot_file_loads_and_saves_unchanged(tmp_path):

@@ -13,18 +13,11 @@ import pytest
 from soarm.calibration.calibration import check_servos, load, ticks_to_rad
 from soarm.robot.bus import FeetechBus
 from soarm.robot.emulator import REPLY_BUDGET_S, ServoBusEmulator, checksum
+from tests.reference.lerobot_calibration import LEROBOT_SO101 as LEROBOT
 
 pytestmark = pytest.mark.bus
 
 IDS = {"shoulder_pan": 1, "shoulder_lift": 2, "elbow_flex": 3, "wrist_flex": 4, "wrist_roll": 5, "gripper": 6}
-LEROBOT = {
-    "shoulder_pan": {"id": 1, "drive_mode": 0, "homing_offset": -1470, "range_min": 758, "range_max": 3292},
-    "shoulder_lift": {"id": 2, "drive_mode": 0, "homing_offset": 153, "range_min": 815, "range_max": 3226},
-    "elbow_flex": {"id": 3, "drive_mode": 0, "homing_offset": 1368, "range_min": 869, "range_max": 3059},
-    "wrist_flex": {"id": 4, "drive_mode": 0, "homing_offset": -1470, "range_min": 859, "range_max": 3158},
-    "wrist_roll": {"id": 5, "drive_mode": 0, "homing_offset": 1140, "range_min": 0, "range_max": 4095},
-    "gripper": {"id": 6, "drive_mode": 0, "homing_offset": 1250, "range_min": 2019, "range_max": 3475},
-}
 
 
 def test_every_ping_is_answered_while_the_physics_runs_behind():

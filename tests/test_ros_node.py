@@ -94,7 +94,9 @@ def rig(request, tmp_path, tiny_policy):
     physics (quick to start) unless the test is marked `compiled_physics` (real time to
     spare on a busy 2-core machine, for the accuracy figures)."""
     fast_start = request.node.get_closest_marker("compiled_physics") is None
-    emu = EmulatorProcess(tmp_path / "calibration.json", seed=5, args=("--no-compile",) if fast_start else ())
+    plant = getattr(request, "param", "armsim")               # the emulated arm's physics
+    args = ("--plant", plant, *(("--no-compile",) if fast_start else ()))
+    emu = EmulatorProcess(tmp_path / "calibration.json", seed=5, args=args)
     nodes = []
 
     def start(**overrides):
@@ -109,8 +111,11 @@ def rig(request, tmp_path, tiny_policy):
 
 
 @pytest.mark.compiled_physics
-def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path):
-    """20 fixed targets through ROS + SDK + emulator vs the same policy in the embedded sim."""
+@pytest.mark.parametrize("rig", ["armsim", "mujoco"], indirect=True)
+def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path, request):
+    """20 fixed targets through ROS + SDK + emulator vs the same policy on the same plant
+    without ROS: the embedded sim for our plant, the transfer suite's MuJoCo plant for the
+    published MJCF."""
     from soarm.description import load_robot
     from soarm.dynamics import ArmDynamics
     from soarm.export.runtime import PolicyRuntime
@@ -147,11 +152,20 @@ def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path):
     ros_mean = float(np.mean(errors))
 
     task = config.load(ReachCfg, REPO_ROOT / "configs" / "task" / "reach.yaml")
-    sim = evaluate(rt, task, targets=20, num_envs=1, progress=False, fixed=targets)
+    plant = request.node.callspec.params["rig"]
+    if plant == "armsim":
+        sim = evaluate(rt, task, targets=20, num_envs=1, progress=False, fixed=targets)
+    else:
+        from soarm.robot.safety import SafetyCfg
+        from soarm.robot.transfer import PLANTS, SuiteContext, run_plant
+        from soarm.servo import ServoConfig
+
+        ctx = SuiteContext(robot, task, config.load(ServoConfig, REPO_ROOT / "configs" / task.servo))
+        sim = run_plant(rt, PLANTS["mujoco"], ctx, targets.numpy(), 20, 7, SafetyCfg())
     ratio = ros_mean / sim["mean_error_m"]
-    print(json.dumps({"closed_loop_ros_mean_error_m": ros_mean, "embedded_sim_mean_error_m": sim["mean_error_m"],
-                      "ratio": ratio, "errors_m": errors}))
-    assert ratio <= 1.5, f"through ROS {ros_mean * 1000:.1f} mm vs {sim['mean_error_m'] * 1000:.1f} mm in the sim"
+    print(json.dumps({"plant": plant, "closed_loop_ros_mean_error_m": ros_mean,
+                      "without_ros_mean_error_m": sim["mean_error_m"], "ratio": ratio, "errors_m": errors}))
+    assert ratio <= 1.5, f"through ROS {ros_mean * 1000:.1f} mm vs {sim['mean_error_m'] * 1000:.1f} mm without"
 
     # The node's encoder log replays through the same pipeline to the same commands.
     logs = sorted((tmp_path / "logs").glob("*.mcap"))
