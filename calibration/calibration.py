@@ -81,7 +81,8 @@ def load(path: str | Path, motors: list[str] | None = None) -> dict[str, MotorCa
         if cal.drive_mode not in (0, 1):
             raise ConfigError(f"{path}: '{name}.drive_mode' must be 0 or 1")
         if not 0 <= cal.range_min < cal.range_max < TICKS:
-            raise ConfigError(f"{path}: '{name}': need 0 <= range_min < range_max < {TICKS}")
+            raise ConfigError(f"{path}: '{name}': range_min {cal.range_min}, range_max {cal.range_max}: "
+                              f"need 0 <= range_min < range_max < {TICKS}")
         if not -2047 <= cal.homing_offset <= 2047:
             raise ConfigError(f"{path}: '{name}.homing_offset' must lie in -2047..2047")
         out[name] = cal

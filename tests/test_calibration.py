@@ -95,7 +95,9 @@ def test_a_range_without_the_home_pose_is_refused_naming_the_joint(tmp_path, rob
     ('{"shoulder_pan": {"id": 1, "drive_mode": 2, "homing_offset": 0, "range_min": 0, "range_max": 9}}',
      "drive_mode"),
     ('{"shoulder_pan": {"id": 1, "drive_mode": 0, "homing_offset": 0, "range_min": 900, "range_max": 9}}',
-     "range_min < range_max"),
+     "'shoulder_pan': range_min 900, range_max 9: need 0 <= range_min < range_max"),
+    ('{"elbow_flex": {"id": 3, "drive_mode": 0, "homing_offset": 0, "range_min": 2000, "range_max": 2000}}',
+     "'elbow_flex': range_min 2000, range_max 2000"),
     ('{"shoulder_pan": {"id": 1, "drive_mode": 0, "homing_offset": 0, "range_min": 0, "range_max": "9"}}',
      "integers"),
 ])
