@@ -45,7 +45,8 @@ class PlantSpec:
     of latency each arm's goals take to reach it."""
     what: str
     build: Callable[["SuiteContext", int, torch.Generator], object]
-    latency: Callable[[int, torch.Generator], np.ndarray] = field(default=lambda n, g: np.zeros(n, dtype=int))
+    latency: Callable[["SuiteContext", int, torch.Generator], np.ndarray] = field(
+        default=lambda c, n, g: np.zeros(n, dtype=int))
 
 
 @dataclass
@@ -114,13 +115,14 @@ def _mujoco(scale: float):
 
 
 def _latency(k: int):
-    return lambda n, gen: np.full(n, k, dtype=int)
+    return lambda ctx, n, gen: np.full(n, k, dtype=int)
 
 
 PLANTS: dict[str, PlantSpec] = {
     "nominal": PlantSpec("our plant (ArmSim + STS3215 model, P=16), nominal", lambda c, n, g: _sim(c, n)),
     "randomized": PlantSpec("our plant with the training randomization (incl. one-tick latency)", _randomized,
-                            lambda n, g: (torch.rand(n, generator=g) < 0.5).numpy().astype(int)),
+                            lambda c, n, g: (torch.rand(n, generator=g) < c.task.randomization.latency_prob)
+                            .numpy().astype(int)),
     "mujoco": PlantSpec("published MJCF in MuJoCo, as published (kp 17.8)", _mujoco(1.0)),
     "mujoco_kp_x0.5": PlantSpec("published MJCF, actuator kp x0.5 (damping x0.71)", _mujoco(0.5)),
     "mujoco_kp_x2": PlantSpec("published MJCF, actuator kp x2 (damping x1.41)", _mujoco(2.0)),
@@ -165,7 +167,7 @@ def run_plant(rt: PolicyRuntime, spec: PlantSpec, ctx: SuiteContext, targets: np
     n = len(targets) // windows
     gen = torch.Generator().manual_seed(seed)
     plant = spec.build(ctx, n, gen)
-    latency = spec.latency(n, gen)
+    latency = spec.latency(ctx, n, gen)
     dyn = ArmDynamics(robot, dtype=torch.float64)
     arm = robot.arm_index
     home = full_pose(dyn, torch.as_tensor(robot.home, dtype=torch.float64)[None]).numpy()
