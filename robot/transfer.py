@@ -7,8 +7,10 @@ Every arm runs the robot's own decision step (robot/loop.py `PolicyStep`: the ex
 observation and inference, then the safety layer) at the contract's rate, from rest at the
 home pose, through a fixed seeded sequence of targets, one per 2 s window as in training.
 The error is the true fingertip (our forward kinematics of the plant's true joint angles) to
-the target at each window's end; the posture check is each arm joint's distance to its
-limits there. Plants (PLANTS): our training plant (ArmSim with the STS3215 model) nominal,
+the target at each window's end; beside it the "sensed" error, of the fingertip the encoders
+report, which is all a policy can act on (a calibration error is invisible to it, so the
+true error cannot fall below what the offsets alone put between the two). The posture check
+is each arm joint's distance to its limits there. Plants (PLANTS): our training plant (ArmSim with the STS3215 model) nominal,
 with the training randomization and with one perturbation each; TheRobotStudio's published
 MJCF in MuJoCo as published and with its actuators 0.5-50x as stiff.
 """
@@ -30,7 +32,7 @@ from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription, load_robot, with_payload
 from soarm.dynamics import ArmDynamics
 from soarm.export.runtime import PolicyRuntime
-from soarm.reach import ReachCfg, draw_physics, full_pose, sample_targets
+from soarm.reach import ReachCfg, draw_latency, draw_physics, full_pose, sample_targets
 from soarm.robot.loop import PolicyStep
 from soarm.robot.safety import TORQUE_OFF, SafetyCfg, SafetyLayer
 from soarm.servo import TICK, ServoConfig
@@ -87,10 +89,12 @@ def _sim(ctx: SuiteContext, n: int, *, robot=None, params=None, registers=None, 
 
 
 def _randomized(ctx: SuiteContext, n: int, gen: torch.Generator) -> SimPlant:
+    rand = ctx.task.randomization
+
     def draw(sim):
-        for name, value in draw_physics(gen, ctx.task.randomization, ctx.servo.params, n, sim.J, "cpu").items():
+        for name, value in draw_physics(gen, rand, ctx.servo.params, n, sim.J, "cpu").items():
             setattr(sim.physics, name, value)
-    return _sim(ctx, n, physics=draw)
+    return _sim(ctx, n, backlash=math.radians(rand.backlash_deg[1]), physics=draw)
 
 
 def _scaled_friction(k: float):
@@ -120,9 +124,8 @@ def _latency(k: int):
 
 PLANTS: dict[str, PlantSpec] = {
     "nominal": PlantSpec("our plant (ArmSim + STS3215 model, P=16), nominal", lambda c, n, g: _sim(c, n)),
-    "randomized": PlantSpec("our plant with the training randomization (incl. one-tick latency)", _randomized,
-                            lambda c, n, g: (torch.rand(n, generator=g) < c.task.randomization.latency_prob)
-                            .numpy().astype(int)),
+    "randomized": PlantSpec("our plant with the training randomization (incl. its latency)", _randomized,
+                            lambda c, n, g: draw_latency(g, c.task.randomization, n, "cpu").numpy()),
     "mujoco": PlantSpec("published MJCF in MuJoCo, as published (kp 17.8)", _mujoco(1.0)),
     "mujoco_kp_x0.5": PlantSpec("published MJCF, actuator kp x0.5 (damping x0.71)", _mujoco(0.5)),
     "mujoco_kp_x2": PlantSpec("published MJCF, actuator kp x2 (damping x1.41)", _mujoco(2.0)),
@@ -178,7 +181,7 @@ def run_plant(rt: PolicyRuntime, spec: PlantSpec, ctx: SuiteContext, targets: np
     sent = meas.copy()                                     # what the plant holds: every joint's goal
     line = deque([sent.copy() for _ in range(int(latency.max()) + 1)], maxlen=int(latency.max()) + 1)
     period, window_steps = 1.0 / rt.control_hz, task.window_steps
-    errors, clear, torque_off = [], [], 0
+    errors, sensed, clear, torque_off = [], [], [], 0
     lo, hi = robot.lower[arm], robot.upper[arm]
     for w in range(windows):
         tgt = targets[w * n:(w + 1) * n]
@@ -196,6 +199,8 @@ def run_plant(rt: PolicyRuntime, spec: PlantSpec, ctx: SuiteContext, targets: np
         q = plant.q
         tip = dyn.fingertip(torch.as_tensor(q, dtype=torch.float64)).numpy()
         errors.extend(np.linalg.norm(tip - tgt, axis=1).tolist())
+        seen = dyn.fingertip(torch.as_tensor(plant.measured(), dtype=torch.float64)).numpy()
+        sensed.extend(np.linalg.norm(seen - tgt, axis=1).tolist())
         qa = q[:, arm]
         clear.extend((np.minimum(qa - lo, hi - qa).min(axis=1) >= LIMIT_CLEARANCE).tolist())
         progress()
@@ -207,6 +212,9 @@ def run_plant(rt: PolicyRuntime, spec: PlantSpec, ctx: SuiteContext, targets: np
     return {"what": spec.what, "targets": len(err), "mean_error_m": float(err.mean()),
             "median_error_m": float(np.median(err)), "p95_error_m": float(np.percentile(err, 95)),
             "success_1cm": float((err < 0.01).mean()), "success_5mm": float((err < 0.005).mean()),
+            "sensed_mean_error_m": float(np.mean(sensed)),
+            # Posture drift shows as an error that grows from one target to the next.
+            "mean_error_by_window_m": err.reshape(windows, n).mean(axis=1).tolist(),
             "clear_of_limits": float(np.mean(clear)), "torque_off_ticks": torque_off, "safety_events": events,
             "errors_m": err.tolist()}
 
@@ -239,13 +247,14 @@ def run_suite(policy: str | Path, plants: list[str], targets: int = 200, windows
 
 def table(result: dict) -> str:
     head = (f"{'plant':<22}{'mean':>8}{'median':>8}{'p95':>8}{'<1cm':>8}{'<5mm':>8}{'ratio':>7}{'clear':>8}"
-            "   (mm, %; ratio: mean / nominal mean; clear: window ends >= 0.1 rad from every limit)")
+            f"{'sensed':>8}   (mm, %; ratio: mean / nominal mean; clear: window ends >= 0.1 rad from every"
+            " limit; sensed: mean error of the fingertip the encoders report)")
     lines = [head]
     for name, r in result["plants"].items():
         ratio = f"{r['ratio_to_nominal']:.2f}" if "ratio_to_nominal" in r else "-"
         lines.append(f"{name:<22}{r['mean_error_m'] * 1e3:8.2f}{r['median_error_m'] * 1e3:8.2f}"
                      f"{r['p95_error_m'] * 1e3:8.2f}{r['success_1cm'] * 100:8.1f}{r['success_5mm'] * 100:8.1f}"
-                     f"{ratio:>7}{r['clear_of_limits'] * 100:8.1f}")
+                     f"{ratio:>7}{r['clear_of_limits'] * 100:8.1f}{r['sensed_mean_error_m'] * 1e3:8.2f}")
     return "\n".join(lines)
 
 

@@ -57,8 +57,9 @@ def build(task: ReachCfg, robot: RobotDescription, training: dict) -> dict:
         "encoder": {"ticks_per_rev": TICKS_PER_REV, "rad_per_tick": TICK},
         "velocity_estimate": "(q_t - q_{t-1}) * control_hz from consecutive encoder readings, rad/s; "
                              "zero on the first tick",
-        "latency": {"steps": 1, "probability": task.randomization.latency_prob,
-                    "note": "trained with this share of episodes applying each goal one control step late"},
+        "latency": {"ticks": list(task.randomization.latency_ticks),
+                    "note": "trained with each goal reaching the servos this many control ticks late, "
+                            "drawn uniformly per episode"},
         "normalization": "in graph: (obs - mean) / (sqrt(var) + eps)",
         "training": training,
     }

@@ -30,6 +30,7 @@ import torch
 
 from soarm.description import RobotDescription
 from soarm.dynamics import ArmDynamics
+from soarm.servo import TICK
 
 OBS_TERMS: tuple[tuple[str, int, str], ...] = (
     ("joint_pos", 5, "rad"),
@@ -72,23 +73,44 @@ class RewardCfg:
     action_rate: float = -0.01         # * |a_t - a_{t-1}|^2
     joint_vel: float = -0.001          # * |measured joint velocity|^2
     # weight * |measured - home| (rad) per named arm joint (Isaac Lab's joint_deviation_l1).
-    # The wrist roll moves the fingertip by 1.5 cm at most, so nothing else prices its travel,
-    # and relative targets integrate any bias of the policy into drift. With this term runs
-    # no longer degrade from target to target late in training, but policies still park the
-    # roll near a limit and pay for it (README, "Why the task prices the wrist roll").
+    # Five joints place a 3-D point, so the arm has redundant directions that nothing else
+    # prices; relative targets integrate any bias of the policy into drift along them.
     joint_deviation: dict[str, float] = field(default_factory=lambda: {"wrist_roll": -0.1})
+    # weight * rad inside the soft limits, summed over the arm joints (Isaac Lab's
+    # joint_pos_limits); the soft limits lie limit_margin inside each joint's limits. On the
+    # arm a joint at its stop is where the safety clamp acts and the servo heats.
+    joint_limit: float = 0.0
+    limit_margin: float = 0.15         # rad
     floor: float = -5.0                # once, when the fingertip goes below floor_height
     floor_height: float = 0.0          # m
+
+    def validate(self) -> None:
+        if not self.limit_margin >= 0:
+            raise ValueError("reward.limit_margin: must not be negative")
 
 
 @dataclass
 class RandomizationCfg:
+    """Drawn for each environment at every episode start (Isaac Lab's reset events)."""
+    # Firmware loop-gain multiplier, drawn log-uniform: unit-to-unit spread, the P register
+    # (LeRobot writes 16, the factory 32) and drives stiffer or softer than our servo model.
     gain_scale: tuple[float, float] = (0.85, 1.15)
     friction_scale: tuple[float, float] = (0.5, 1.5)
     mass_scale: tuple[float, float] = (0.9, 1.1)
     encoder_offset_ticks: int = 3               # uniform integer calibration error, +-ticks
-    latency_prob: float = 0.5                   # share of envs that apply actions one step late
+    latency_ticks: tuple[int, int] = (0, 1)     # control ticks an env's goals reach the servos late, uniform
+    backlash_deg: tuple[float, float] = (0.0, 0.0)   # free play of each gearbox, uniform
     start_noise: float = 0.15                   # rad around home at episode start
+
+    def validate(self) -> None:
+        for name in ("gain_scale", "friction_scale", "mass_scale", "latency_ticks", "backlash_deg"):
+            lo, hi = getattr(self, name)
+            if not 0 <= lo <= hi:
+                raise ValueError(f"randomization.{name}: need [low, high] with 0 <= low <= high, got {[lo, hi]}")
+        if not self.gain_scale[0] > 0:
+            raise ValueError("randomization.gain_scale: must be positive (it is drawn log-uniform)")
+        if self.encoder_offset_ticks < 0 or self.start_noise < 0:
+            raise ValueError("randomization.encoder_offset_ticks/start_noise: must not be negative")
 
 
 @dataclass
@@ -145,14 +167,26 @@ def observe(dyn: ArmDynamics, arm_q: torch.Tensor, arm_q_prev: torch.Tensor, goa
     return torch.cat((arm_q - home, vel, goal - home, tip, target, target - tip, last_action), dim=-1)
 
 
+def arm_limits(robot: RobotDescription, device, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lower, upper) [A] of the arm joints (rad)."""
+    idx = robot.arm_index
+    return (torch.as_tensor(robot.lower[idx], device=device, dtype=dtype),
+            torch.as_tensor(robot.upper[idx], device=device, dtype=dtype))
+
+
 def action_to_goal(dyn: ArmDynamics, action: torch.Tensor, goal: torch.Tensor, action_scale: float,
                    action_clip: float) -> torch.Tensor:
     """The next arm goal [N, 5] (rad) from the current goal and policy actions [N, 5]."""
-    r = dyn.robot
-    idx = r.arm_index
-    lo = torch.as_tensor(r.lower[idx], device=action.device, dtype=action.dtype)
-    hi = torch.as_tensor(r.upper[idx], device=action.device, dtype=action.dtype)
+    lo, hi = arm_limits(dyn.robot, action.device, action.dtype)
     return torch.clamp(goal + action_scale * torch.clamp(action, -action_clip, action_clip), lo, hi)
+
+
+def delay_goals(line: torch.Tensor, goal: torch.Tensor, delay: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Latency: push this step's arm goal [N, A] into each env's delay line [N, D, A] (newest
+    first) and return (the goal that reaches the servos now, `delay` [N] ticks old; the line)."""
+    line = torch.cat((goal[:, None], line[:, :-1]), dim=1)
+    applied = line.gather(1, delay[:, None, None].expand(-1, 1, line.shape[-1])).squeeze(1)
+    return applied, line
 
 
 def check_action(action: torch.Tensor) -> None:
@@ -216,11 +250,18 @@ def deviation_weights(robot: RobotDescription, cfg: RewardCfg, device) -> torch.
     return torch.tensor([cfg.joint_deviation.get(n, 0.0) for n in robot.arm_joints], device=device)
 
 
-def rewards(cfg: RewardCfg, error: torch.Tensor, action: torch.Tensor, last_action: torch.Tensor,
-            joint_pos: torch.Tensor, joint_vel: torch.Tensor, deviation: torch.Tensor,
+def limit_clearance(robot: RobotDescription, arm_q: torch.Tensor) -> torch.Tensor:
+    """Distance (rad) of each arm joint [N, A] to its nearer limit; negative beyond it."""
+    lo, hi = arm_limits(robot, arm_q.device, arm_q.dtype)
+    return torch.minimum(arm_q - lo, hi - arm_q)
+
+
+def rewards(cfg: RewardCfg, *, error: torch.Tensor, action: torch.Tensor, last_action: torch.Tensor,
+            joint_pos: torch.Tensor, joint_vel: torch.Tensor, clearance: torch.Tensor, deviation: torch.Tensor,
             below_floor: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-term rewards [N] (already weighted); their sum is the step reward. `joint_pos`
-    is measured minus home, `deviation` the `deviation_weights`."""
+    is measured minus home, `clearance` the measured `limit_clearance`, `deviation` the
+    `deviation_weights`."""
     dist = error.norm(dim=-1)
     return {
         "position_l2": cfg.position_l2 * dist,
@@ -229,18 +270,20 @@ def rewards(cfg: RewardCfg, error: torch.Tensor, action: torch.Tensor, last_acti
         "action_rate": cfg.action_rate * (action - last_action).square().sum(-1),
         "joint_vel": cfg.joint_vel * joint_vel.square().sum(-1),
         "joint_deviation": joint_pos.abs() @ deviation,
+        "joint_limit": cfg.joint_limit * (cfg.limit_margin - clearance).clamp(min=0).sum(-1),
         "floor": cfg.floor * below_floor.to(error.dtype),
     }
 
 
-def task_state(num_envs: int, num_actions: int, device) -> tuple[torch.Tensor, ...]:
+def task_state(num_envs: int, num_actions: int, max_latency: int, device) -> tuple[torch.Tensor, ...]:
     """The per-environment task state every simulator keeps, zeroed: target [N, 3], last
-    policy output, commanded arm goal (rad), the previous goal (for one-step latency)
-    [N, A] each, whether the env has latency [N] (bool), and the previous measured joints [N, A]."""
+    policy output, commanded arm goal (rad) [N, A] each, the goals on their way to the servos
+    [N, max_latency + 1, A] (`delay_goals`), each env's latency in ticks [N] (long), and the
+    previous measured joints [N, A]."""
     kw = dict(device=device, dtype=torch.float32)
     return (torch.zeros(num_envs, 3, **kw), torch.zeros(num_envs, num_actions, **kw),
-            torch.zeros(num_envs, num_actions, **kw), torch.zeros(num_envs, num_actions, **kw),
-            torch.zeros(num_envs, dtype=torch.bool, device=device), torch.zeros(num_envs, num_actions, **kw))
+            torch.zeros(num_envs, num_actions, **kw), torch.zeros(num_envs, max_latency + 1, num_actions, **kw),
+            torch.zeros(num_envs, dtype=torch.long, device=device), torch.zeros(num_envs, num_actions, **kw))
 
 
 def uniform(gen: torch.Generator, shape, bounds: tuple[float, float], device, dtype) -> torch.Tensor:
@@ -248,18 +291,30 @@ def uniform(gen: torch.Generator, shape, bounds: tuple[float, float], device, dt
     return lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=dtype).to(device)
 
 
+def log_uniform(gen: torch.Generator, shape, bounds: tuple[float, float], device, dtype) -> torch.Tensor:
+    lo, hi = bounds
+    return torch.exp(uniform(gen, shape, (math.log(lo), math.log(hi)), device, dtype))
+
+
 def draw_physics(gen: torch.Generator, cfg: RandomizationCfg, servo, n: int, J: int, device,
                  dtype=torch.float32) -> dict[str, torch.Tensor]:
     """One draw of the randomized physical parameters (soarm.sim.Physics fields) for n arms,
     around the servo's identified friction."""
     rnd = lambda bounds: uniform(gen, (n, J), bounds, device, dtype)  # noqa: E731
-    return {"gain_scale": rnd(cfg.gain_scale),
+    return {"gain_scale": log_uniform(gen, (n, J), cfg.gain_scale, device, dtype),
             "coulomb": servo.friction_coulomb * rnd(cfg.friction_scale),
             "viscous": servo.friction_viscous * rnd(cfg.friction_scale),
             "mass_scale": rnd(cfg.mass_scale),
-            "encoder_offset": tick_offsets(gen, (n, J), cfg.encoder_offset_ticks, device, dtype)}
+            "encoder_offset": tick_offsets(gen, (n, J), cfg.encoder_offset_ticks, device, dtype),
+            "backlash": rnd(tuple(math.radians(b) for b in cfg.backlash_deg))}
+
+
+def draw_latency(gen: torch.Generator, cfg: RandomizationCfg, n: int, device) -> torch.Tensor:
+    """Each env's goal latency in control ticks [n] (long), uniform over cfg.latency_ticks."""
+    lo, hi = cfg.latency_ticks
+    return torch.randint(lo, hi + 1, (n,), generator=gen).to(device)
 
 
 def tick_offsets(gen: torch.Generator, shape, max_ticks: int, device, dtype) -> torch.Tensor:
     ticks = torch.randint(-max_ticks, max_ticks + 1, shape, generator=gen)
-    return (ticks * (2 * math.pi / 4096)).to(device=device, dtype=dtype)
+    return (ticks * TICK).to(device=device, dtype=dtype)

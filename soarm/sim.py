@@ -25,13 +25,16 @@ class Physics:
     coulomb: torch.Tensor           # N m
     viscous: torch.Tensor           # N m s / rad
     encoder_offset: torch.Tensor    # rad, whole ticks: calibration error of each joint
+    backlash: torch.Tensor          # rad of free play in each gearbox (modelled where ArmSim.gear_play)
 
 
 class ArmSim:
     def __init__(self, robot: RobotDescription, servo: ServoParams, registers: ServoRegisters,
                  num_envs: int, dt: float, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, backlash: float = 0.0):
-        """`backlash`: rad of free play in each servo's gearbox (0: none), see `_gear_play`."""
+        """`backlash`: rad of free play in each servo's gearbox, see `_gear_play`. Any value
+        above 0 switches the gear-play model on (`gear_play`) for the sim's lifetime; the
+        per-environment play is then `physics.backlash`, which randomization may redraw."""
         self.robot, self.servo, self.registers = robot, servo, registers
         self.N, self.dt = num_envs, dt
         self.dyn = ArmDynamics(robot, device, dtype)
@@ -46,9 +49,10 @@ class ArmSim:
         self.enabled = torch.ones(num_envs, J, dtype=torch.bool, device=self.dyn.device)   # torque on
         self.armature = torch.eye(J, **kw) * servo.armature
         ones = torch.ones(num_envs, J, **kw)
-        self.physics = Physics(ones.clone(), ones.clone(), ones * servo.friction_coulomb,
-                               ones * servo.friction_viscous, torch.zeros_like(ones))
-        self.backlash = backlash
+        self.physics = Physics(mass_scale=ones.clone(), gain_scale=ones.clone(),
+                               coulomb=ones * servo.friction_coulomb, viscous=ones * servo.friction_viscous,
+                               encoder_offset=torch.zeros_like(ones), backlash=ones * backlash)
+        self.gear_play = backlash > 0
         self.slack = torch.zeros_like(ones)          # motor side minus output side, |slack| <= backlash / 2
         self.motor_vel = torch.zeros_like(ones)
 
@@ -57,11 +61,12 @@ class ArmSim:
         return quantize(self.q + self.physics.encoder_offset)
 
     def state_dict(self) -> dict:
-        return {"q": self.q, "qd": self.qd, "goal": self.goal, "firmware": dict(vars(self.firmware)),
-                "physics": dataclasses.asdict(self.physics)}
+        return {"q": self.q, "qd": self.qd, "goal": self.goal, "slack": self.slack, "motor_vel": self.motor_vel,
+                "firmware": dict(vars(self.firmware)), "physics": dataclasses.asdict(self.physics)}
 
     def load_state_dict(self, state: dict) -> None:
         self.q, self.qd, self.goal = state["q"], state["qd"], state["goal"]
+        self.slack, self.motor_vel = state["slack"], state["motor_vel"]
         for k, v in state["firmware"].items():
             setattr(self.firmware, k, v)
         self.physics = Physics(**state["physics"])
@@ -87,10 +92,11 @@ class ArmSim:
         """Fuse the physics substep with torch.compile; False (eager kept) where unavailable."""
         try:
             fn = torch.compile(self._substep, dynamic=False)
-            state = (self.q, self.qd, self.firmware.target, self.firmware.target_vel, self.firmware.integral)
+            state = (self.q, self.qd, self.slack, self.motor_vel, dict(vars(self.firmware)))
             with torch.no_grad():   # compile now, as it will run (grad mode is guarded), so failures surface here
                 fn()
-            self.q, self.qd, self.firmware.target, self.firmware.target_vel, self.firmware.integral = state
+            self.q, self.qd, self.slack, self.motor_vel, firmware = state
+            vars(self.firmware).update(firmware)
         except Exception as e:  # noqa: BLE001 - any backend failure means: stay eager
             print(f"torch.compile unavailable ({type(e).__name__}); physics runs eagerly")
             return False
@@ -106,7 +112,7 @@ class ArmSim:
         tau, coulomb = servo_torque(self.firmware, self.goal, self.measured(), self.qd, params,
                                     self.registers, self.dt, gain_scale=ph.gain_scale, enabled=self.enabled)
         M, bias = self.dyn.mass_and_bias(self.q, self.qd, ph.mass_scale)
-        if self.backlash > 0:
+        if self.gear_play:
             q, qd = self._gear_play(M, bias, tau, coulomb)
         else:
             q, qd = integrate(self.q, self.qd, M + self.armature, tau - bias, coulomb, self.dt)
@@ -124,7 +130,7 @@ class ArmSim:
         torque, gearbox friction, rotor inertia), until the slack reaches an end of the gap,
         where the two meet in an inelastic impact (momentum kept, joint inertia M_jj).
         """
-        half, eps, dt = self.backlash / 2, 1e-6, self.dt
+        half, eps, dt = self.physics.backlash / 2, 1e-6, self.dt
         rotor = self.armature.diagonal()
         engaged = ((self.slack >= half - eps) & (tau >= 0)) | ((self.slack <= -half + eps) & (tau <= 0))
         drive = torch.where(engaged, tau, 0.0)

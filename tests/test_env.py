@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from soarm.description import load_robot
-from soarm.reach import OBS_DIM, deviation_weights, in_region, rewards
+from soarm.reach import (OBS_DIM, RewardCfg, arm_limits, delay_goals, deviation_weights, draw_latency, in_region,
+                         limit_clearance, rewards)
 from soarm.training.env import ReachEnv
 from soarm.training.evaluate import evaluate
 from soarm.training.scripted import ScriptedReach
@@ -79,14 +80,47 @@ def test_joint_deviation_holds_only_the_named_joints(task_cfg):
     joint_pos[0, robot.arm_joints.index("wrist_roll")] = -0.5
     joint_pos[1, robot.arm_joints.index("shoulder_pan")] = 0.5
     zeros = torch.zeros(2, 5)
-    terms = rewards(task_cfg.reward, torch.zeros(2, 3), zeros, zeros, joint_pos, zeros, weights,
-                    torch.zeros(2, dtype=torch.bool))
+    terms = rewards(task_cfg.reward, error=torch.zeros(2, 3), action=zeros, last_action=zeros, joint_pos=joint_pos,
+                    joint_vel=zeros, clearance=torch.ones(2, 5), deviation=weights,
+                    below_floor=torch.zeros(2, dtype=torch.bool))
     roll_weight = task_cfg.reward.joint_deviation["wrist_roll"]
     assert roll_weight < 0
     torch.testing.assert_close(terms["joint_deviation"], torch.tensor([0.5 * roll_weight, 0.0]))
     typo = dataclasses.replace(task_cfg.reward, joint_deviation={"wrist_rol": -0.1})
     with pytest.raises(ValueError, match="'wrist_rol' is not an arm joint"):
         deviation_weights(robot, typo, "cpu")
+
+
+def test_joint_limit_term_prices_only_the_soft_limit_band():
+    robot = load_robot()
+    cfg = RewardCfg(joint_limit=-2.0, limit_margin=0.15)
+    lo, hi = arm_limits(robot, "cpu")
+    q = (lo + hi)[None].repeat(3, 1) / 2                   # mid-range: free
+    q[1, 2] = hi[2] - 0.05                                 # 0.10 rad into the band
+    q[2, 0] = lo[0] + 0.15                                 # exactly on the soft limit: free
+    zeros = torch.zeros(3, 5)
+    terms = rewards(cfg, error=torch.zeros(3, 3), action=zeros, last_action=zeros, joint_pos=zeros, joint_vel=zeros,
+                    clearance=limit_clearance(robot, q), deviation=torch.zeros(5),
+                    below_floor=torch.zeros(3, dtype=torch.bool))
+    torch.testing.assert_close(terms["joint_limit"], torch.tensor([0.0, -0.2, 0.0]), atol=1e-5, rtol=0)
+
+
+def test_goals_reach_the_servos_after_each_envs_latency():
+    """Env i applies the goal of `delay[i]` ticks ago; a reset line starts at the reset goal."""
+    delay = torch.tensor([0, 1, 2])
+    line = torch.zeros(3, 3, 1)                            # task_state's shape for at most 2 ticks
+    applied = []
+    for k in range(1, 5):
+        a, line = delay_goals(line, torch.full((3, 1), float(k)), delay)
+        applied.append(a[:, 0].tolist())
+    assert applied == [[1, 0, 0], [2, 1, 0], [3, 2, 1], [4, 3, 2]]
+
+
+def test_latency_draws_cover_the_configured_ticks(task_cfg):
+    cfg = dataclasses.replace(task_cfg.randomization, latency_ticks=(0, 2))
+    drawn = draw_latency(torch.Generator().manual_seed(0), cfg, 3000, "cpu")
+    counts = torch.bincount(drawn, minlength=3)
+    assert len(counts) == 3 and (counts > 900).all()
 
 
 def test_physics_step_converges(task_cfg):

@@ -11,13 +11,15 @@ host syncs; `env.pop_stats()` returns their means once per iteration.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription, load_robot
-from soarm.reach import (ACTION_DIM, OBS_DIM, ReachCfg, action_to_goal, check_action, deviation_weights,
-                         draw_physics, draw_targets, full_pose, observe, rewards, sample_targets, task_state,
-                         terminations, uniform)
+from soarm.reach import (ACTION_DIM, OBS_DIM, ReachCfg, action_to_goal, check_action, delay_goals, deviation_weights,
+                         draw_latency, draw_physics, draw_targets, full_pose, limit_clearance, observe, rewards,
+                         sample_targets, task_state, terminations, uniform)
 from soarm.servo import ServoConfig
 from soarm.sim import ArmSim
 from soarm.training.episode_stats import EpisodeStats
@@ -25,7 +27,7 @@ from soarm.training.episode_stats import EpisodeStats
 
 class ReachEnv:
     # Everything that evolves while the env runs, for checkpoints (besides sim and generator).
-    _STATE = ("target", "action", "goal", "pending", "latent", "prev_meas", "step_count", "obs")
+    _STATE = ("target", "action", "goal", "goal_line", "delay", "prev_meas", "step_count", "obs")
 
     def __init__(self, cfg: ReachCfg, num_envs: int, device: str = "cpu", seed: int = 0,
                  robot: RobotDescription | None = None, check_actions: bool = True,
@@ -39,8 +41,9 @@ class ReachEnv:
         self.robot = robot or load_robot()
         servo_cfg = config.load(ServoConfig, CONFIG_DIR / cfg.servo)
         servo, registers = servo_cfg.params, servo_cfg.registers
-        self.sim = ArmSim(self.robot, servo, registers, num_envs,
-                          dt=1.0 / (cfg.control_hz * cfg.substeps), device=device)
+        rand = cfg.randomization
+        self.sim = ArmSim(self.robot, servo, registers, num_envs, dt=1.0 / (cfg.control_hz * cfg.substeps),
+                          device=device, backlash=math.radians(rand.backlash_deg[1]))
         self.dyn = self.sim.dyn
         self.gen = torch.Generator().manual_seed(seed)
         self.num_obs, self.num_actions = OBS_DIM, ACTION_DIM
@@ -53,8 +56,8 @@ class ReachEnv:
                                                                           device=self.device)
         self.drawn = 0
         N = num_envs
-        self.target, self.action, self.goal, self.pending, self.latent, self.prev_meas = task_state(
-            N, ACTION_DIM, self.device)
+        self.target, self.action, self.goal, self.goal_line, self.delay, self.prev_meas = task_state(
+            N, ACTION_DIM, rand.latency_ticks[1], self.device)
         self.step_count = torch.zeros(N, dtype=torch.long, device=self.device)
         self.episodes = EpisodeStats(N, self.device)
         self.obs = self.reset()
@@ -80,8 +83,7 @@ class ReachEnv:
         m = mask[:, None]
         for name, value in draw_physics(self.gen, cfg, servo, n, J, dev, dt).items():
             setattr(ph, name, torch.where(m, value, getattr(ph, name)))
-        lat = torch.rand(n, generator=self.gen).to(dev) < cfg.latency_prob
-        self.latent = torch.where(mask, lat, self.latent)
+        self.delay = torch.where(mask, draw_latency(self.gen, cfg, n, dev), self.delay)
         noise = (-cfg.start_noise, cfg.start_noise)
         arm_q = self.home + uniform(self.gen, (n, len(self.home)), noise, dev, dt)
         self.sim.reset(mask, full_pose(self.dyn, arm_q))
@@ -89,7 +91,7 @@ class ReachEnv:
         self.action = torch.where(mask[:, None], 0.0, self.action)
         meas = self.sim.measured()[:, self.arm]
         self.goal = torch.where(mask[:, None], meas, self.goal)          # torque on: goal := present
-        self.pending = torch.where(mask[:, None], meas, self.pending)
+        self.goal_line = torch.where(mask[:, None, None], meas[:, None], self.goal_line)
         self.prev_meas = torch.where(mask[:, None], meas, self.prev_meas)
         self.step_count = torch.where(mask, 0, self.step_count)
         self.episodes.reset(mask)
@@ -114,8 +116,7 @@ class ReachEnv:
             check_action(actions)
         cfg = self.cfg
         self.goal = action_to_goal(self.dyn, actions, self.goal, cfg.action_scale, cfg.action_clip)
-        applied = torch.where(self.latent[:, None], self.pending, self.goal)
-        self.pending = self.goal
+        applied, self.goal_line = delay_goals(self.goal_line, self.goal, self.delay)
         goal = self.sim.goal.clone()
         goal[:, self.arm] = applied
         self.sim.step(goal, cfg.substeps)
@@ -125,7 +126,9 @@ class ReachEnv:
         tip = self.dyn.fingertip(full_pose(self.dyn, self.sim.q[:, self.arm]))   # the true fingertip
         error = self.target - tip
         terminated, below = terminations(cfg.reward, tip, self.sim.q)
-        terms = rewards(cfg.reward, error, actions, self.action, meas - self.home, vel, self.deviation, below)
+        terms = rewards(cfg.reward, error=error, action=actions, last_action=self.action, joint_pos=meas - self.home,
+                        joint_vel=vel, clearance=limit_clearance(self.robot, meas), deviation=self.deviation,
+                        below_floor=below)
         reward = torch.stack(list(terms.values())).sum(0)
         self.action = actions
         final_obs = self._observe(meas)

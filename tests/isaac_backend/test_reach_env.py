@@ -83,7 +83,8 @@ def test_same_joint_targets_give_the_same_fingertip_path_in_both_backends(tmp_pa
     ones (the mass randomization reaching Newton)."""
     raw = yaml.safe_load((CONFIG_DIR / "task" / "reach.yaml").read_text())
     raw["randomization"] = {"gain_scale": [1.0, 1.0], "friction_scale": [1.0, 1.0], "mass_scale": [mass, mass],
-                            "encoder_offset_ticks": 0, "latency_prob": 0.0, "start_noise": 0.0}
+                            "encoder_offset_ticks": 0, "latency_ticks": [0, 0], "backlash_deg": [0.0, 0.0],
+                            "start_noise": 0.0}
     task_file = tmp_path / "nominal.yaml"
     task_file.write_text(yaml.safe_dump(raw))
     task = config.load(ReachCfg, task_file)
@@ -102,7 +103,7 @@ def test_same_joint_targets_give_the_same_fingertip_path_in_both_backends(tmp_pa
         with torch.no_grad():
             for k in range(round(5.0 * task.control_hz)):
                 goal = home + amp * math.sin(2 * math.pi * 0.4 * k / task.control_hz)
-                env.goal[:], env.pending[:] = goal, goal           # a zero action keeps this goal
+                env.goal[:], env.goal_line[:] = goal, goal[None]   # a zero action keeps this goal
                 env.step(torch.zeros(1, 5))
                 full = sim.goal.clone()
                 full[:, arm] = goal

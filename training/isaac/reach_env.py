@@ -3,8 +3,9 @@
 The task is soarm/reach.py's, function for function, as in the embedded simulator
 (training/env.py): targets from `sample_targets`, observations from `observe`, actions to
 goals by `action_to_goal` (relative joint targets), `rewards`, `terminations`, and the same
-domain randomization draws (`draw_physics`, `uniform`) of servo gain, friction, encoder
-offsets, link masses and one-step latency. Newton integrates the rigid bodies; the servo
+domain randomization draws (`draw_physics`, `draw_latency`, `uniform`) of servo gain,
+friction, encoder offsets, link masses and goal latency; the drawn gearbox backlash is not
+applied (the Isaac actuator has no gear play). Newton integrates the rigid bodies; the servo
 actuator (actuator.py) computes every joint torque.
 
 Observations and the fingertip come from our own kinematics (soarm/dynamics.py) of the
@@ -21,8 +22,9 @@ from isaaclab.envs import DirectRLEnv
 from soarm import config
 from soarm.description import load_robot
 from soarm.dynamics import ArmDynamics
-from soarm.reach import (ReachCfg, action_to_goal, deviation_weights, draw_physics, draw_targets, full_pose, observe,
-                         rewards, sample_targets, task_state, terminations, uniform)
+from soarm.reach import (ReachCfg, action_to_goal, delay_goals, deviation_weights, draw_latency, draw_physics,
+                         draw_targets, full_pose, limit_clearance, observe, rewards, sample_targets, task_state,
+                         terminations, uniform)
 from soarm.training.episode_stats import EpisodeStats
 from soarm.training.isaac.reach_env_cfg import SO101ReachEnvCfg
 
@@ -44,8 +46,8 @@ class SO101ReachEnv(DirectRLEnv):
         self.target_pool = sample_targets(self.dyn, self.task.command, max(65536, 4 * self.num_envs), self.gen)
         self.window = self.task.window_steps
         N, A = self.num_envs, len(self.robot.arm_joints)
-        self.target, self.action, self.goal, self.pending, self.latent, self.prev_meas = task_state(
-            N, A, self.device)
+        self.target, self.action, self.goal, self.goal_line, self.delay, self.prev_meas = task_state(
+            N, A, self.task.randomization.latency_ticks[1], self.device)
         self.joint_goal = torch.zeros(N, len(self.robot.names), device=self.device)
         self.gripper = self.robot.index(self.robot.gripper_joint)
         self.episodes = EpisodeStats(N, self.device)
@@ -69,8 +71,7 @@ class SO101ReachEnv(DirectRLEnv):
     def _pre_physics_step(self, actions: torch.Tensor) -> None:
         self.actions_now = actions.clone()
         self.goal = action_to_goal(self.dyn, actions, self.goal, self.task.action_scale, self.task.action_clip)
-        applied = torch.where(self.latent[:, None], self.pending, self.goal)
-        self.pending = self.goal
+        applied, self.goal_line = delay_goals(self.goal_line, self.goal, self.delay)
         self.joint_goal[:, self.arm] = applied
         self.joint_goal[:, self.gripper] = self.robot.gripper_hold
 
@@ -87,8 +88,9 @@ class SO101ReachEnv(DirectRLEnv):
     def _get_rewards(self) -> torch.Tensor:
         meas = self.measured()
         vel = (meas - self.prev_meas) * self.task.control_hz
-        terms = rewards(self.task.reward, self.error, self.actions_now, self.action, meas - self.home, vel,
-                        self.deviation, self.below)
+        terms = rewards(self.task.reward, error=self.error, action=self.actions_now, last_action=self.action,
+                        joint_pos=meas - self.home, joint_vel=vel, clearance=limit_clearance(self.robot, meas),
+                        deviation=self.deviation, below_floor=self.below)
         reward = torch.stack(list(terms.values())).sum(0)
         self.action = self.actions_now
         done = self.reset_terminated | self.reset_time_outs
@@ -132,7 +134,7 @@ class SO101ReachEnv(DirectRLEnv):
         self.arm_robot.set_inertias_index(inertias=self.nominal_inertia[env_ids] * mass_scale[..., None],
                                           body_ids=self.bodies, env_ids=env_ids)
         s.encoder_offset[env_ids] = drawn["encoder_offset"]
-        self.latent[env_ids] = (torch.rand(n, generator=self.gen) < cfg.latency_prob).to(dev)
+        self.delay[env_ids] = draw_latency(self.gen, cfg, n, dev)
         noise = (-cfg.start_noise, cfg.start_noise)
         arm_q = self.home + uniform(self.gen, (n, len(self.home)), noise, dev, torch.float32)
         q = full_pose(self.dyn, arm_q)
@@ -142,7 +144,7 @@ class SO101ReachEnv(DirectRLEnv):
         full = s.measured(q, env_ids)
         meas = full[:, self.arm]
         self.goal[env_ids] = meas                         # torque on: goal := present
-        self.pending[env_ids] = meas
+        self.goal_line[env_ids] = meas[:, None]
         self.prev_meas[env_ids] = meas
         self.joint_goal[env_ids] = full
         self.action[env_ids] = 0.0
