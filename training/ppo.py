@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -58,12 +60,21 @@ def use_bf16(precision: str, device: torch.device) -> bool:
     """bf16 matmuls in the hidden layers (fp32 weights, output layers, optimizer and
     losses), in the rollout and the update.
     `auto` takes them where the hardware runs them natively: CUDA with bf16, or a CPU with
-    AVX512-BF16/AMX, where they are about 4x faster than fp32 here."""
+    AVX512-BF16/AMX, where they are about 4x faster than fp32. oneDNN also reports bf16 on
+    plain AVX-512, where it emulates it at half fp32's speed, so the CPU's own flags decide."""
     if precision != "auto":
         return precision == "bf16"
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return device.type == "cpu" and native_cpu_bf16()
+
+
+def native_cpu_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:                       # not Linux: trust oneDNN
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def minibatch_chunks(rows: int, device: torch.device, cpu_rows: int = 8192) -> int:
