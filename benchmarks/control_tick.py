@@ -10,9 +10,15 @@ arm is to the host); the campaign injects its faults into an in-process emulator
    as fast as it goes, `--ticks` times: p50/p99/max.
 2. Sustained: the loop at 100 Hz for `--sustain` seconds: overruns.
 3. Fault campaign: `--campaign` ticks per fault type (dropped, late and corrupted replies,
-   a silent servo, error bits, an unplugged port), injected at the stated rate; counts
-   faults, recovered ticks, commands outside the limits and goal changes above the cap
-   (both must be 0), and the time from a persistent fault to torque off.
+   readings of random data with a valid checksum, a silent servo, error bits, an unplugged
+   port), injected at the stated rate; counts faults, recovered ticks, commands outside the
+   limits and goal changes above the cap (both must be 0), and the time from a persistent
+   fault to torque off.
+4. Bench scenarios through the driver (robot/driver.py, what the ROS node runs), `--repeat`
+   times each: e-stop request to broadcast torque off with noise on the line; an adapter
+   unplugged and replugged (the emulator killed and restarted behind the same path) to the
+   arm enabled again (commands outside the limits and goal changes above the cap counted);
+   enable with a joint resting outside its calibrated range (refused, torque stays off).
 Prints JSON.
 """
 
@@ -49,6 +55,9 @@ class Checker:
         self.lo, self.hi, self.cap = safety.lower, safety.upper, safety.cfg.max_step
         self.last = np.asarray(q0, dtype=float)
         self.outside = self.too_fast = 0
+
+    def close(self) -> str:
+        return "checker"                       # the driver closes its recorder like a log
 
     def write(self, tick: dict) -> None:
         if tick["goal_sent"] is None:
@@ -114,6 +123,7 @@ CAMPAIGN = {
     "dropped_reply": (FaultCfg(drop=0.02, seed=1), "2 % of replies"),
     "late_reply": (FaultCfg(late=0.02, seed=2), "2 % of replies, 60 ms late"),
     "corrupted_checksum": (FaultCfg(corrupt=0.02, seed=3), "2 % of replies"),
+    "garbage_reading": (FaultCfg(garbage=0.02, seed=4), "2 % of position replies random, checksum valid"),
     "error_bits": (FaultCfg(error_bits=0x20), "overload bit on every reply (persistent)"),
     "silent_servo": (FaultCfg(silent_ids=(3,)), "servo 3 stops answering (persistent)"),
     "unplugged": (None, "port unplugged at tick 100 (persistent)"),
@@ -153,8 +163,122 @@ def campaign(policy: Path, ticks: int) -> dict:
 
 def _injected(rig, name, stats) -> int:
     c = rig.emu.counters
-    return {"dropped_reply": c["dropped"], "late_reply": c["late"], "corrupted_checksum": c["corrupted"]}.get(
-        name, stats.read_failures or 1)
+    return {"dropped_reply": c["dropped"], "late_reply": c["late"], "corrupted_checksum": c["corrupted"],
+            "garbage_reading": c["garbage"]}.get(name, stats.read_failures or 1)
+
+
+def _wait(pred, timeout: float) -> bool:
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _driver(port: str, policy: Path, cal: str, check: bool = True):
+    from soarm.robot.driver import DISABLED, DriverCfg, ReachDriver
+
+    driver = ReachDriver(DriverCfg(port=port, policy=str(policy), calibration=cal)).start()
+    if not _wait(lambda: driver.state == DISABLED, 60):
+        raise RuntimeError(f"driver did not connect: {driver.reason}")
+    return driver
+
+
+def _enable_checked(driver) -> Checker:
+    ok, msg = driver.enable()
+    if not ok:
+        raise RuntimeError(msg)
+    check = Checker(driver.safety, driver.loop.step.goal)
+    driver.loop.recorder = check
+    driver.set_target(TARGET)
+    return check
+
+
+def estop_under_noise(policy: Path, repeat: int) -> dict:
+    robot = load_robot()
+    latencies, outside, too_fast, torque_left_on = [], 0, 0, 0
+    with tempfile.TemporaryDirectory() as tmp, ServoBusEmulator(seed=1) as emu:
+        bus = FeetechBus(emu.port, {n: i + 1 for i, n in enumerate(robot.names)})
+        bus.connect()
+        calibration.save(calibration.calibrate_emulated(emu, bus, robot), Path(tmp) / "cal.json")
+        bus.close()
+        driver = _driver(emu.port, policy, str(Path(tmp) / "cal.json"))
+        for _ in range(repeat):
+            emu.faults = FaultCfg()
+            check = _enable_checked(driver)
+            emu.wait(0.5)
+            emu.faults = FaultCfg(noise=True)
+            failures = driver.loop.stats.read_failures
+            _wait(lambda: driver.loop.stats.read_failures > failures, 5)
+            driver.estop()
+            latencies.append(driver.estop_latency_ms)
+            torque_left_on += int(any(emu.torque_enabled()))
+            outside, too_fast = outside + check.outside, too_fast + check.too_fast
+        emu.faults = FaultCfg()
+        driver.close()
+    lat = np.array(latencies)
+    return {"repeat": repeat, "estop_to_torque_off_ms_p50": float(np.median(lat)),
+            "estop_to_torque_off_ms_max": float(lat.max()), "rate_hz": driver.rate,
+            "torque_left_on": torque_left_on, "commands_outside_limits": outside, "changes_above_cap": too_fast}
+
+
+def replug(policy: Path, repeat: int) -> dict:
+    times, outside, too_fast, reconnects = [], 0, 0, 0
+    with tempfile.TemporaryDirectory() as tmp:
+        link, cal = Path(tmp) / "so101", Path(tmp) / "cal.json"
+        args = ("--no-compile", "--link", str(link))
+        emu = EmulatorProcess(cal, seed=1, args=args)
+        driver = _driver(str(link), policy, str(cal))
+        for _ in range(repeat):
+            check = _enable_checked(driver)
+            time.sleep(0.5)
+            emu.kill()                                     # unplugged ...
+            _wait(lambda: driver.state == "fault", 10)
+            emu.stop()
+            emu = EmulatorProcess(cal, seed=1, args=args, calibrate=False)   # ... and plugged in again
+            t0 = time.perf_counter()
+            while not driver.enable()[0] and time.perf_counter() - t0 < 30:
+                time.sleep(0.05)
+            times.append((time.perf_counter() - t0) * 1e3)
+            outside, too_fast = outside + check.outside, too_fast + check.too_fast
+            driver.disable()
+            _wait(lambda: driver.state == "disabled", 30)
+        reconnects = driver.diagnostics()["reconnects"]
+        driver.close()
+        emu.stop()
+    t = np.array(times)
+    return {"repeat": repeat, "replug_to_enabled_ms_p50": float(np.median(t)), "replug_to_enabled_ms_max": float(t.max()),
+            "reconnects": reconnects, "commands_outside_limits": outside, "changes_above_cap": too_fast}
+
+
+def enable_outside_range(policy: Path, repeat: int) -> dict:
+    import dataclasses
+
+    robot = load_robot()
+    refused, moved, commands = 0, 0, 0
+    with tempfile.TemporaryDirectory() as tmp, ServoBusEmulator(seed=1) as emu:
+        bus = FeetechBus(emu.port, {n: i + 1 for i, n in enumerate(robot.names)})
+        bus.connect()
+        cal = calibration.calibrate_emulated(emu, bus, robot)
+        bus.close()
+        lift = cal["shoulder_lift"]
+        cal["shoulder_lift"] = dataclasses.replace(lift, range_min=lift.range_min + 300)
+        emu.assemble_as(cal)
+        calibration.save(cal, Path(tmp) / "narrow.json")
+        driver = _driver(emu.port, policy, str(Path(tmp) / "narrow.json"))
+        j = robot.names.index("shoulder_lift")
+        for _ in range(repeat):
+            q = emu.joint_positions()
+            q[j] = calibration.ticks_to_rad(cal["shoulder_lift"], cal["shoulder_lift"].range_min) - 0.2
+            emu.place(q)
+            ok, msg = driver.enable()
+            refused += int(not ok and "outside its calibrated range" in msg)
+            moved += int(any(emu.torque_enabled()))
+            commands += int(driver.loop.running)
+        driver.close()
+    return {"repeat": repeat, "refused_with_reason": refused, "torque_turned_on": moved,
+            "control_loop_started": commands}
 
 
 def main() -> None:
@@ -163,6 +287,7 @@ def main() -> None:
     ap.add_argument("--ticks", type=int, default=10000)
     ap.add_argument("--sustain", type=float, default=60.0)
     ap.add_argument("--campaign", type=int, default=10000)
+    ap.add_argument("--repeat", type=int, default=10, help="runs of each bench scenario")
     ap.add_argument("--switch-interval", type=float, default=1e-4, help="sys.setswitchinterval, seconds")
     args = ap.parse_args()
     if not args.policy.is_file():
@@ -181,6 +306,10 @@ def main() -> None:
     result["sustained"] = sustained(args.policy, args.sustain)
     print(f"sustained: {result['sustained']}", file=sys.stderr)
     result["campaign"] = campaign(args.policy, args.campaign)
+    print("campaign: done", file=sys.stderr)
+    result["scenarios"] = {"estop_under_noise": estop_under_noise(args.policy, args.repeat),
+                           "replug": replug(args.policy, args.repeat),
+                           "enable_outside_range": enable_outside_range(args.policy, args.repeat)}
     print(json.dumps(result, indent=2))
 
 

@@ -104,6 +104,23 @@ def check_home(cal: dict[str, MotorCalibration], joints: list[str], home, where:
                               "a file of another arm, or of another joint-zero convention?")
 
 
+# Ticks a joint may read outside its calibrated range at enable: resting on a stop reads a
+# tick or two past the extreme the sweep recorded, and the firmware's move to its limit
+# register is then below a degree.
+RANGE_SLACK_TICKS = 4
+
+
+def check_in_range(cal: dict[str, MotorCalibration], present: dict[int, int]) -> None:
+    """Before torque on: every joint must read inside its calibrated range, because the
+    servo clamps Goal := Present to its limit registers and would drive the joint there."""
+    for name, c in cal.items():
+        t = present[c.id]
+        if not c.range_min - RANGE_SLACK_TICKS <= t <= c.range_max + RANGE_SLACK_TICKS:
+            raise ConfigError(f"enable refused: '{name}' (servo {c.id}) reads tick {t}, outside its calibrated "
+                              f"range {c.range_min}..{c.range_max}: with torque on the servo would drive it to "
+                              "that limit; move the joint inside by hand, or recalibrate")
+
+
 def save(cal: dict[str, MotorCalibration], path: str | Path) -> None:
     text = json.dumps({k: asdict(v) for k, v in cal.items()}, indent=4) + "\n"
     atomic_write(path, lambda tmp: tmp.write_text(text))

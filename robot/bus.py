@@ -7,7 +7,11 @@ What the SDK gets wrong, handled here:
 - `GroupSyncRead.getData` returns 0 for a servo that did not answer, so every value is
   checked with `isAvailable` first, and a tick with any missing servo fails as a whole;
 - `GroupSyncRead` drops each servo's error byte, so `read_status` polls Status,
-  temperature and load with plain reads (the control loop does it every few ticks).
+  temperature and load with plain reads (the control loop does it every few ticks);
+- a read takes any reply from the right id and slices it to the length it asked for, so a
+  late reply to a longer read passes; `_StrictPackets` also requires the reply's length;
+- a reading can have a valid checksum and still be garbage: the control loop refuses a
+  jump no joint can make in the time since the last reading (robot/loop.py).
 
 Every error is a BusError with one line naming the port and the servo.
 """
@@ -36,12 +40,72 @@ class ServoStatus:
     voltage: float              # V
 
 
+def _strict_packets():
+    """The SDK's packet handler, with every read reply's length checked against its request
+    (the reply to a READ of n bytes carries LENGTH = n + 2)."""
+    import scservo_sdk as scs
+    from scservo_sdk import protocol_packet_handler as pph
+
+    class StrictPackets(scs.protocol_packet_handler):
+        def rxPacket(self, port):
+            # The SDK's framing, with its timeout checked on every pass: its own loop checks
+            # it only while bytes are missing, so a line that keeps delivering bytes but no
+            # valid packet (noise, a babbling device) held the caller for seconds.
+            ID, LEN, ERR = pph.PKT_ID, pph.PKT_LENGTH, pph.PKT_ERROR
+            rx, wait = [], 6                              # HEADER0 HEADER1 ID LENGTH ERROR CHECKSUM
+            while True:
+                rx.extend(port.readPort(wait - len(rx)))
+                if len(rx) >= wait:
+                    start = next((i for i in range(len(rx) - 1) if rx[i] == 0xFF and rx[i + 1] == 0xFF),
+                                 len(rx) - 1)
+                    if start > 0:
+                        del rx[:start]                    # bytes before a header
+                    elif rx[ID] > 0xFD or rx[LEN] > pph.RXPACKET_MAX_LEN or rx[ERR] > 0x7F:
+                        del rx[0]                         # not a status packet's header
+                    elif wait != rx[LEN] + LEN + 1:
+                        wait = rx[LEN] + LEN + 1          # the packet's own length
+                        continue
+                    else:
+                        port.is_using = False
+                        ok = rx[wait - 1] == ~sum(rx[2:wait - 1]) & 0xFF
+                        return rx, scs.COMM_SUCCESS if ok else scs.COMM_RX_CORRUPT
+                if port.isPacketTimeout():
+                    port.is_using = False
+                    return rx, scs.COMM_RX_CORRUPT if rx else scs.COMM_RX_TIMEOUT
+
+        def readRx(self, port, scs_id, length):
+            while True:
+                rx, result = self.rxPacket(port)
+                if result != scs.COMM_SUCCESS or rx[pph.PKT_ID] == scs_id:
+                    break
+            if result != scs.COMM_SUCCESS:
+                return [], result, 0
+            if rx[pph.PKT_LENGTH] != length + 2:
+                return [], scs.COMM_RX_CORRUPT, 0
+            return list(rx[pph.PKT_PARAMETER0:pph.PKT_PARAMETER0 + length]), result, rx[pph.PKT_ERROR]
+
+        def readTxRx(self, port, scs_id, address, length):
+            tx = [0] * 8
+            tx[pph.PKT_ID], tx[pph.PKT_LENGTH], tx[pph.PKT_INSTRUCTION] = scs_id, 4, scs.INST_READ
+            tx[pph.PKT_PARAMETER0], tx[pph.PKT_PARAMETER0 + 1] = address, length
+            rx, result, error = self.txRxPacket(port, tx)
+            if result != scs.COMM_SUCCESS:
+                return [], result, error
+            if rx[pph.PKT_LENGTH] != length + 2:
+                return [], scs.COMM_RX_CORRUPT, error
+            return list(rx[pph.PKT_PARAMETER0:pph.PKT_PARAMETER0 + length]), result, error
+
+    scs.SCS_SETEND(0)
+    return StrictPackets()
+
+
 class FeetechBus:
     def __init__(self, port: str, ids: dict[str, int], baud: int = BAUD):
         self.port_name, self.ids, self.baud = port, dict(ids), baud
         self.names = {sid: name for name, sid in self.ids.items()}
         self.port = self.packets = None
         self._reads: dict[tuple[int, int], object] = {}
+        self.torque_off_sent_at: float | None = None     # perf_counter of the last broadcast torque off
 
     # ------------------------------------------------------------- connect
     def connect(self) -> None:
@@ -52,7 +116,7 @@ class FeetechBus:
             raise BusError(f"{self.port_name}: no such serial port (is the servo adapter plugged in?)")
         if not os.access(self.port_name, os.R_OK | os.W_OK):
             raise BusError(f"{self.port_name}: permission denied (add your user to the 'dialout' group)")
-        self.port, self.packets = scs.PortHandler(self.port_name), scs.PacketHandler(0)
+        self.port, self.packets = scs.PortHandler(self.port_name), _strict_packets()
         try:
             self.port.baudrate = self.baud
             if not self.port.openPort():
@@ -175,10 +239,20 @@ class FeetechBus:
         return present
 
     def torque_off(self, tries: int = 5) -> bool:
-        """Torque off on every servo, retried; never raises (it is what faults end in).
-        True when every servo acknowledged."""
+        """Torque off on every servo: one broadcast WRITE first (every servo acts on it at
+        once, none replies; `torque_off_sent_at` is when it went out), then each servo's
+        own write, retried, as confirmation. Never raises (it is what faults end in). True
+        when every servo acknowledged."""
         if self.port is None:
             return False
+        import scservo_sdk as scs
+
+        try:
+            self._call(self.packets.write1ByteTxOnly, self.port, scs.BROADCAST_ID,
+                       ct.STS3215["Torque_Enable"].address, 0)
+        except Exception:  # noqa: BLE001 - the confirmations below still try, and report
+            pass
+        self.torque_off_sent_at = time.perf_counter()
         ok = True
         for sid in self.ids.values():
             for _ in range(tries):

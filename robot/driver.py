@@ -13,7 +13,8 @@ are queued and wake the thread: they are served as soon as the tick in progress 
 before anything else is written, so an e-stop takes effect within one tick. Until a valid
 target arrives the arm holds its goal. Anything that goes wrong ends disabled with torque
 off and the reason in `diagnostics()`; the thread itself keeps running, so the arm can be
-enabled again once the fault is fixed.
+enabled again once the fault is fixed: enable after a fault reopens the port first (a
+replugged adapter is a new device behind the same path) and says so.
 
 Bad configuration (files, contract vs arm) raises a one-line ValueError from the
 constructor; nothing has touched the bus then.
@@ -36,10 +37,10 @@ from soarm.description import load_robot
 from soarm.export.runtime import PolicyRuntime
 from soarm.robot.bus import BAUD, BusError, FeetechBus
 from soarm.robot.enclog import EncoderLogWriter
-from soarm.robot.loop import ControlLoop, Ticker
+from soarm.robot.loop import ControlLoop, Parking, Ticker
 from soarm.robot.safety import TORQUE_OFF, SafetyCfg, SafetyLayer
 
-DISABLED, ENABLED, FAULT = "disabled", "enabled", "fault"
+DISABLED, ENABLED, PARKING, FAULT = "disabled", "enabled", "parking", "fault"
 
 
 @dataclass
@@ -53,6 +54,8 @@ class DriverCfg:
     enable_on_start: bool = False
     log_dir: str = ""                     # an encoder log (MCAP) per enable; "" for none
     status_every: int = 5                 # ticks between servo status polls (round robin)
+    park_speed: float = 0.6               # rad/s per joint on the way to the park pose; 0: torque off at once
+    park_timeout_s: float = 8.0           # torque off after this long even if the park pose is not reached
     safety: SafetyCfg = field(default_factory=SafetyCfg)
 
     def validate(self) -> None:
@@ -65,6 +68,10 @@ class DriverCfg:
             raise ValueError(f"rate_hz {self.rate_hz}: 0 (the policy's) or 1..500")
         if self.baud <= 0 or self.status_every < 1:
             raise ValueError("baud and status_every must be positive")
+        if not (self.park_speed == 0 or 0.05 <= self.park_speed <= 1.5):
+            raise ValueError(f"park_speed {self.park_speed}: 0 (no parking) or 0.05..1.5 rad/s")
+        if not 1.0 <= self.park_timeout_s <= 30.0:
+            raise ValueError(f"park_timeout_s {self.park_timeout_s}: 1..30 s")
         self.safety.validate()
 
 
@@ -107,6 +114,7 @@ class ReachDriver:
                                 cfg.status_every)
         self.state, self.reason = DISABLED, "starting"
         self.connected = False
+        self.connections = 0                      # successful connects; > 1: reconnected after a fault
         self.target: np.ndarray | None = None
         self._target_lock = threading.Lock()
         self._requests: queue.Queue[_Request] = queue.Queue()
@@ -146,7 +154,7 @@ class ReachDriver:
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=self.cfg.park_timeout_s + 5)     # it parks the arm first
         if self._thread is None or self._thread.is_alive():
             self.loop.shutdown()                # never started, or stuck: torque off from here
         self.bus.close()
@@ -155,7 +163,8 @@ class ReachDriver:
         stats = self.loop.stats.summary()
         status = {sid: {"temperature_c": s.temperature, "voltage_v": s.voltage, "load": s.load,
                         "error_bits": s.error_bits} for sid, s in dict(self.loop.servo_status).items()}
-        return {"state": self.state, "reason": self.reason, "connected": self.connected, "rate_hz": self.rate,
+        return {"state": self.state, "reason": self.reason, "connected": self.connected,
+                "reconnects": max(0, self.connections - 1), "rate_hz": self.rate,
                 "target": None if self.target is None else self.target.tolist(),
                 "read_failures_disabled": self.read_failures, "estop_latency_ms": self.estop_latency_ms,
                 "tick": stats, "clamps": dict(self.safety.counters), "tripped": self.safety.tripped,
@@ -202,6 +211,17 @@ class ReachDriver:
             overran = ticker.wait(self._wake)
             if self.loop.running:
                 self.loop.stats.overruns += overran
+        self._park_then_disable(ticker)
+
+    def _park_then_disable(self, ticker: Ticker) -> None:
+        """Shutting down (Ctrl-C, close): park as disable does, ticking here, then torque off."""
+        try:
+            if self.loop.running and self.state == ENABLED and self._start_parking():
+                while self.state == PARKING:
+                    ticker.wait()
+                    self._tick()
+        except Exception as e:  # noqa: BLE001 - whatever it was, the arm ends safe
+            self._fault(_internal(e))
         self._disable(_Request("shutdown"))
 
     def _serve_requests(self) -> None:
@@ -216,6 +236,9 @@ class ReachDriver:
                 r.done.set()                      # the caller never waits out its timeout
 
     def _connect(self) -> bool:
+        """Open the port afresh and check the servos: at start, and on enable after a fault (a
+        replugged adapter or a restarted emulator is a new device behind the same path)."""
+        again = self.connections > 0
         try:
             self.bus.close()
             self.bus.connect()
@@ -225,14 +248,20 @@ class ReachDriver:
             self._set(FAULT, str(e), "error")
             return False
         self.connected = True
-        self._set(DISABLED, "connected; torque off")
+        self.connections += 1
+        self._set(DISABLED, "reconnected; torque off" if again else "connected; torque off")
         return True
 
     def _enable(self, r: _Request) -> None:
+        if self.loop.running and self.state == PARKING:            # enable cancels a park
+            self.loop.parking = None
+            self._set(ENABLED, "torque on; parking cancelled")
+            r.ok, r.message = True, "enabled (parking cancelled)"
+            return
         if self.loop.running:
             r.ok, r.message = True, "already enabled"
             return
-        if not self.connected and not self._connect():
+        if (not self.connected or self.state == FAULT) and not self._connect():
             r.message = f"enable refused: {self.reason}"
             return
         try:
@@ -249,7 +278,18 @@ class ReachDriver:
         self._set(ENABLED, "torque on" + ("" if self.target is not None else "; holding until a target arrives"))
         r.ok, r.message = True, "enabled"
 
+    def _start_parking(self) -> bool:
+        if not self.cfg.park_speed:
+            return False
+        self.loop.parking = Parking(self.robot.park.astype(np.float32), self.cfg.park_speed)
+        self._park_deadline = time.monotonic() + self.cfg.park_timeout_s
+        self._set(PARKING, f"moving to the park pose at {self.cfg.park_speed:g} rad/s, then torque off")
+        return True
+
     def _disable(self, r: _Request) -> None:
+        if r.kind == "disable" and self.loop.running and self.state == ENABLED and self._start_parking():
+            r.ok, r.message = True, "parking; torque goes off at the park pose"
+            return
         was = self.loop.running
         self.loop.shutdown()
         self._close_log()
@@ -258,9 +298,9 @@ class ReachDriver:
         r.ok, r.message = True, "disabled" if was else "already disabled"
 
     def _estop(self, r: _Request) -> None:
-        self.loop.estop()
+        self.loop.estop()                           # broadcast torque off, then each servo confirms
         self._close_log()
-        self.estop_latency_ms = (time.perf_counter() - r.t) * 1e3
+        self.estop_latency_ms = ((self.bus.torque_off_sent_at or time.perf_counter()) - r.t) * 1e3
         self._set(FAULT, "e-stop: torque off; enable to resume", "warn")
         r.ok, r.message = True, f"e-stop: torque off {self.estop_latency_ms:.1f} ms after the request"
 
@@ -271,6 +311,11 @@ class ReachDriver:
             self._close_log()
             why = self.safety.tripped or "safety"
             self._set(FAULT, f"torque off: {why}{self._bus_hint()}", "error")
+        elif self.state == PARKING and (self.loop.parking.done or time.monotonic() > self._park_deadline):
+            how = "parked" if self.loop.parking.done else "park pose not reached in time"
+            self.loop.shutdown()
+            self._close_log()
+            self._set(DISABLED, f"{how}; torque off")
 
     def _read(self) -> None:
         if not self.connected:

@@ -18,8 +18,9 @@ REPLY_BUDGET_S of reading it, however slow the physics is (a plant that cannot k
 slows the simulated clock instead). Each servo's encoder zero sits at a seeded "assembly"
 offset from the joint's zero: that is what calibration has to find.
 
-Faults (FaultCfg, seeded): dropped, late or corrupted replies, error bits in every status
-packet, silent servos, and `unplug()`.
+Faults (FaultCfg, seeded): dropped, late or corrupted replies, readings of random data with
+a valid checksum, replies longer than asked, error bits in every status packet, silent
+servos, and `unplug()`.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class FaultCfg:
     late: float = 0.0               # probability that a reply comes after the SDK's timeout
     late_s: float = 0.06
     corrupt: float = 0.0            # probability of a reply with a wrong checksum
+    garbage: float = 0.0            # probability of a SYNC_READ reply with random data, valid checksum
+    oversize: float = 0.0           # probability of a READ reply one byte longer than asked, valid checksum
+    noise: bool = False             # bytes on the line all the time, never a valid packet (a bad cable)
     error_bits: int = 0             # OR-ed into every status packet (e.g. 0x20 overload)
     silent_ids: tuple[int, ...] = ()
     seed: int = 0
@@ -86,6 +90,65 @@ class Servo:
         self.mem[reg.address:reg.address + reg.size] = bytes(ct.to_bytes(reg, value))
 
 
+class Operator:
+    """A simulated person at the arm for `soarm calibrate` (`soarm emulate --operator`): once
+    the host resets the servos' calibration (Homing_Offset 0, limits 0..4095, torque off) it
+    holds the arm in the middle pose; once the host writes the homing offsets it sweeps every
+    joint to both ends of its travel and back, by hand (the arm is placed, the servos only
+    read), then holds the middle again and says so. The sweep's pace is seeded."""
+
+    PERIOD_S = 0.02
+
+    def __init__(self, emu: "ServoBusEmulator", seed: int = 0, log=print):
+        self.emu, self.log = emu, log
+        r = emu.robot
+        middle = [0.0] * len(r.joints)
+        lo, hi = list(r.lower), list(r.upper)
+        self.path = [middle, [x / 2 for x in lo], lo, lo, [x / 2 for x in hi], hi, hi, middle]   # dwell at the ends
+        self.leg_s = random.Random(seed).uniform(0.8, 1.2)      # seconds per leg of the sweep
+        self.phase, self.t0 = "idle", 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="emulated-operator", daemon=True)
+
+    def start(self) -> "Operator":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def _registers(self) -> tuple[bool, bool]:
+        with self.emu._lock:
+            servos = list(self.emu.servos.values())
+            reset = all(s.get("Homing_Offset") == 0 and s.get("Max_Position_Limit") == ct.TICKS - 1
+                        and s.get("Torque_Enable") == 0 for s in servos)
+            homed = any(s.get("Homing_Offset") != 0 for s in servos)
+        return reset, homed
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.PERIOD_S):
+            reset, homed = self._registers()
+            if self.phase in ("idle", "done") and reset:
+                self.phase = "middle"
+                self.log("operator: holding the arm in the middle pose", flush=True)
+            elif self.phase == "middle" and homed:
+                self.phase, self.t0 = "sweep", time.monotonic()
+                self.log("operator: sweeping every joint through its range", flush=True)
+            if self.phase == "middle":
+                self.emu.place(self.path[0])
+            elif self.phase == "sweep":
+                k, f = divmod((time.monotonic() - self.t0) / self.leg_s, 1.0)
+                k = int(k)
+                if k + 1 >= len(self.path):
+                    self.emu.place(self.path[-1])
+                    self.phase = "done"
+                    self.log("operator: sweep done; the arm is back in the middle", flush=True)
+                else:
+                    a, b = self.path[k], self.path[k + 1]
+                    self.emu.place([x + f * (y - x) for x, y in zip(a, b)])
+
+
 class ServoBusEmulator:
     def __init__(self, ids: tuple[int, ...] = (1, 2, 3, 4, 5, 6), robot: RobotDescription | None = None,
                  faults: FaultCfg | None = None, seed: int = 0, assembly_offset_ticks: int = 300,
@@ -109,7 +172,7 @@ class ServoBusEmulator:
         tty.setraw(self.master)
         self.port = os.ttyname(self.slave)
         self.counters = {"packets": 0, "replies": 0, "dropped": 0, "late": 0, "corrupted": 0, "bad_checksum": 0,
-                         "wrong_baud": 0, "malformed": 0, "over_budget": 0}
+                         "wrong_baud": 0, "malformed": 0, "over_budget": 0, "garbage": 0, "oversize": 0}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -216,7 +279,7 @@ class ServoBusEmulator:
     def _run(self) -> None:
         buf = bytearray()
         while not self._stop.is_set():
-            timeout = 0.05
+            timeout = 0.002 if self.faults.noise else 0.05
             if self._late:
                 timeout = min(timeout, max(0.0, self._late[0][0] - time.monotonic()))
             try:
@@ -237,6 +300,8 @@ class ServoBusEmulator:
                     except (IndexError, KeyError, ValueError):
                         self.counters["malformed"] += 1       # a servo ignores what it cannot parse
                 self._flush_late()
+                if self.faults.noise and not self._unplugged:
+                    self._out += bytes(self.rng.randrange(0xFE) for _ in range(32))   # never 0xFF: no header
                 out, self._out = bytes(self._out), bytearray()
             if out:
                 self._send(out)
@@ -292,7 +357,11 @@ class ServoBusEmulator:
             addr, n = params[0], params[1]
             for target in params[2:]:
                 if target in self.servos and self._hears(target):
-                    self._reply(target, self._read(target, addr, n))
+                    data = self._read(target, addr, n)
+                    if self.faults.garbage and self.rng.random() < self.faults.garbage:
+                        data = bytes(self.rng.randrange(256) for _ in data)
+                        self.counters["garbage"] += 1
+                    self._reply(target, data)
             return
         if inst == ACTION:
             for target in (self.servos if sid == BROADCAST else [sid]):
@@ -301,12 +370,21 @@ class ServoBusEmulator:
                     self._write(target, *s.pending)
                     s.pending = None
             return
+        if sid == BROADCAST and inst == WRITE:                # every servo acts, none replies
+            for target in self.servos:
+                if self._hears(target):
+                    self._write(target, params[0], params[1:])
+            return
         if sid not in self.servos:
             return
         if inst == PING:
             self._reply(sid, b"")
         elif inst == READ:
-            self._reply(sid, self._read(sid, params[0], params[1]))
+            data = self._read(sid, params[0], params[1])
+            if self.faults.oversize and self.rng.random() < self.faults.oversize:
+                data += b"\x00"                           # as a late reply to a longer read
+                self.counters["oversize"] += 1
+            self._reply(sid, data)
         elif inst == WRITE:
             self._write(sid, params[0], params[1:])
             self._reply(sid, b"")
@@ -384,8 +462,10 @@ class EmulatorProcess:
     """
 
     def __init__(self, calibration: str | os.PathLike, seed: int = 0, args: tuple[str, ...] = (),
-                 timeout: float = 300.0):
-        """args: more `soarm emulate` options, e.g. ("--no-compile",) or ("--drop", "0.02")."""
+                 timeout: float = 300.0, calibrate: bool = True):
+        """args: more `soarm emulate` options, e.g. ("--no-compile",) or ("--drop", "0.02").
+        calibrate: write `calibration` (a new file); False: assemble the arm as that existing
+        file describes (the same arm again, e.g. after a simulated replug)."""
         import json
         import subprocess
         import sys
@@ -397,7 +477,7 @@ class EmulatorProcess:
         ready = Path(self._dir.name) / "ready.json"
         self._log = open(Path(self._dir.name) / "output.log", "w+")
         cmd = [sys.executable, "-m", "soarm.cli", "emulate", "--quiet", "--seed", str(seed),
-               "--calibrate", str(calibration), "--ready-file", str(ready), *args]
+               "--calibrate" if calibrate else "--calibration", str(calibration), "--ready-file", str(ready), *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + timeout
         while not ready.exists():

@@ -16,6 +16,7 @@ MCAP (mcap.dev, the `mcap` library; ROS 2 bags use it too) with one JSON channel
         decision     command | hold | torque_off
         events       safety rules that fired this tick
         fault        bus or policy error text, or null
+        park         {pose (rad), max_step (rad)} while parking before torque off (no policy), or null
 
 The writer works on `<name>.tmp` and renames it on close, so a finished log is whole.
 """

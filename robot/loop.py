@@ -19,10 +19,17 @@ from typing import Callable
 
 import numpy as np
 
-from soarm.calibration.calibration import MotorCalibration, check_servos, rad_to_ticks, ticks_to_rad
+from soarm.calibration.calibration import MotorCalibration, check_in_range, check_servos, rad_to_ticks, ticks_to_rad
 from soarm.export.runtime import PolicyError, PolicyRuntime
 from soarm.robot.bus import BusError, FeetechBus
-from soarm.robot.safety import COMMAND, TORQUE_OFF, Decision, SafetyLayer
+from soarm.robot.safety import COMMAND, TORQUE_OFF, Decision, SafetyLayer, fatal_faults
+from soarm.servo import TICK, TICKS_PER_REV as TICKS
+
+# No SO-101 joint turns faster than this: the STS3215's no-load speed is about 5 rad/s at
+# 7.4 V and 7 at 12 V. A reading further from the last one than it allows is garbage.
+MAX_JOINT_SPEED = 10.0             # rad/s
+PLAUSIBLE_SLACK_TICKS = 8          # encoder noise and the read's own timing jitter
+PARKED_WITHIN = 0.1                # rad: goal at the park pose and every joint this close (gravity sags it)
 
 
 @dataclass
@@ -74,15 +81,36 @@ class PolicyStep:
                 goal = self.rt.next_goal(self.goal, action)[0]
             except PolicyError as e:
                 action, fault = None, str(e)
-        # Holding (no target yet) is a valid command: the current goal, through the clamps.
+        # Holding (no target yet) is a valid command: the current goal, kept where it is.
         decision = self.safety.filter(goal, q, fresh, target is None or action is not None, self.dt,
-                                      velocity=(q - self.q_prev) / self.dt)
+                                      velocity=(q - self.q_prev) / self.dt, hold=target is None)
         if decision.goal is not None:
             self.goal = decision.goal.astype(np.float32)
             self.last_action = (action if action is not None and decision.kind == COMMAND
                                 else np.zeros_like(self.last_action))
             self.q_prev = q
         return StepResult(decision, action, goal if action is not None else None, fault)
+
+    def toward(self, q: np.ndarray | None, pose: np.ndarray, max_step: float) -> StepResult:
+        """Instead of the policy: the goal moves toward `pose` (rad) by at most `max_step`
+        this tick, through the same clamps (parking before torque off)."""
+        fresh = q is not None
+        q = self.q_prev if q is None else np.asarray(q, dtype=np.float32)
+        goal = self.goal + np.clip(pose - self.goal, -max_step, max_step)
+        decision = self.safety.filter(goal, q, fresh, True, self.dt, velocity=(q - self.q_prev) / self.dt)
+        if decision.goal is not None:
+            self.goal = decision.goal.astype(np.float32)
+            self.last_action = np.zeros_like(self.last_action)
+            self.q_prev = q
+        return StepResult(decision, None, None, None)
+
+
+@dataclass
+class Parking:
+    """A move to a rest pose before torque off (ControlLoop.parking)."""
+    pose: np.ndarray                   # rad, arm joints
+    speed: float                       # rad/s per joint, at most
+    done: bool = False                 # the goal is at the pose and every joint within PARKED_WITHIN
 
 
 class Ticker:
@@ -125,17 +153,22 @@ class ControlLoop:
         self.stats = LoopStats()
         self.running = False
         self.reading: dict[int, int] | None = None      # the latest raw encoder ticks per servo id
+        self._accepted: tuple[float, dict[int, int]] | None = None    # (time, ticks) of the last plausible one
+        self.parking: Parking | None = None             # set: ticks move the arm to a pose, no policy
         self.servo_status: dict = {}                     # servo id -> latest polled ServoStatus
 
     # -------------------------------------------------------------- start
     def start(self) -> None:
         check_servos(self.bus, self.cal)
+        self._check_status()
+        check_in_range(self.cal, self.bus.sync_read("Present_Position", tries=3))
         held = self.bus.enable_torque()
+        self._accepted = (time.perf_counter(), dict(held))
         # The gripper stays where it was: nothing the user did not ask for moves.
         self.gripper_ticks = held[self.cal[self.gripper].id]
         self.step = PolicyStep(self.rt, self.safety, self.rate, self._to_rad(held))
         self.t0 = time.perf_counter()
-        self.running = True
+        self.running, self.parking = True, None
 
     def log_header(self) -> dict:
         """What a replay needs besides the ticks: joints, calibration, rate, policy."""
@@ -154,12 +187,20 @@ class ControlLoop:
         q, fault, target = None, None, self.target()
         try:
             raw = self.bus.sync_read("Present_Position")
+            self._check_plausible(raw, t0)
             q = self._to_rad(raw)
         except BusError as e:
             raw, fault = None, str(e)
             self.stats.read_failures += 1
         self.reading = raw
-        r = self.step(q, target, fault)
+        park = self.parking
+        if park is not None:
+            r = self.step.toward(q, park.pose, park.speed / self.rate)
+            there = np.clip(park.pose, self.safety.lower, self.safety.upper)     # as the clamps allow
+            park.done = (q is not None and bool(np.abs(self.step.goal - there).max() < 1e-6)
+                         and bool(np.abs(q - self.step.goal).max() < PARKED_WITHIN))
+        else:
+            r = self.step(q, target, fault)
         if q is not None and target is not None and r.action is None:
             self.stats.policy_errors += 1
         d = r.decision
@@ -170,7 +211,8 @@ class ControlLoop:
                 "action": None if r.action is None else r.action.tolist(),
                 "goal_policy": None if r.goal_policy is None else r.goal_policy.tolist(),
                 "goal_sent": None if d.goal is None else d.goal.tolist(),
-                "decision": d.kind, "events": d.events, "fault": r.fault})
+                "decision": d.kind, "events": d.events, "fault": r.fault,
+                "park": None if park is None else {"pose": park.pose.tolist(), "max_step": park.speed / self.rate}})
         if d.kind == TORQUE_OFF:
             self.shutdown()
             return TORQUE_OFF
@@ -181,6 +223,19 @@ class ControlLoop:
         self.stats.durations_ms.append((time.perf_counter() - t0) * 1e3)
         return d.kind
 
+    def _check_plausible(self, raw: dict[int, int], now: float) -> None:
+        """A reading with a valid checksum can still be garbage: one that puts a joint further
+        from its last accepted reading than MAX_JOINT_SPEED allows is a failed read (BusError)."""
+        if self._accepted is not None:
+            then, last = self._accepted
+            allowed = MAX_JOINT_SPEED * (now - then) / TICK + PLAUSIBLE_SLACK_TICKS
+            for sid, t in raw.items():
+                jump = abs((t - last[sid] + TICKS // 2) % TICKS - TICKS // 2)
+                if jump > allowed:
+                    raise BusError(f"{self.bus.port_name}: implausible reading from servo {sid} "
+                                   f"({self.bus.names[sid]}): {jump} ticks in {(now - then) * 1e3:.0f} ms")
+        self._accepted = (now, dict(raw))
+
     def _write(self, arm_goal: np.ndarray) -> None:
         ticks = {self.cal[n].id: rad_to_ticks(self.cal[n], float(g)) for n, g in zip(self.arm, arm_goal)}
         ticks[self.cal[self.gripper].id] = self.gripper_ticks
@@ -188,6 +243,26 @@ class ControlLoop:
             self.bus.sync_write("Goal_Position", ticks)
         except BusError:
             self.stats.write_failures += 1
+
+    def _check_status(self) -> None:
+        """Before torque on: no servo may report a fatal fault or run hot (ValueError naming it)."""
+        for name in self.arm + [self.gripper]:
+            sid = self.cal[name].id
+            for attempt in range(3):                  # a missed reply is not a verdict
+                try:
+                    st = self.bus.read_status(sid)
+                    break
+                except BusError:
+                    if attempt == 2:
+                        raise
+            self.servo_status[sid] = st
+            faults = fatal_faults(st.error_bits)
+            if faults:
+                raise ValueError(f"enable refused: servo {sid} ({name}) reports {' and '.join(faults)} "
+                                 f"(status 0x{st.error_bits:02x}); clear the cause and power-cycle the servo")
+            if st.temperature > self.safety.cfg.max_temperature:
+                raise ValueError(f"enable refused: servo {sid} ({name}) is at {st.temperature} deg C, above "
+                                 f"safety.max_temperature {self.safety.cfg.max_temperature}")
 
     def poll_status(self, k: int) -> None:
         """Read the k-th servo's (round robin) status; a fault trips the safety layer."""
@@ -223,5 +298,5 @@ class ControlLoop:
         self.shutdown()
 
     def shutdown(self) -> None:
-        self.running = False
+        self.running, self.parking = False, None
         self.bus.torque_off()

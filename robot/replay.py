@@ -40,8 +40,11 @@ def replay(header: dict, ticks: list[dict], runtime: PolicyRuntime, where: str =
         raw = tick["raw"]
         q = None if raw is None else np.array([ticks_to_rad(cal[n], raw[str(cal[n].id)]) for n in arm],
                                               dtype=np.float32)
-        target = tick["target"]
-        r = step(q, None if target is None else np.asarray(target, dtype=np.float32))
+        target, park = tick["target"], tick.get("park")
+        if park:                                   # parking before torque off: no policy
+            r = step.toward(q, np.asarray(park["pose"], dtype=np.float32), park["max_step"])
+        else:
+            r = step(q, None if target is None else np.asarray(target, dtype=np.float32))
         a, b = tick["goal_sent"], r.decision.goal
         events_differing += int("events" in tick and tick["events"] != r.decision.events)
         for e in r.decision.events:

@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 COMMAND, HOLD, TORQUE_OFF = "command", "hold", "torque_off"
-FATAL_BITS = 0x01 | 0x04 | 0x20        # voltage, overheat, overload
+FATAL_BIT_NAMES = {0x01: "input voltage", 0x04: "overheat", 0x20: "overload"}   # Status register bits
+FATAL_BITS = sum(FATAL_BIT_NAMES)
+
+
+def fatal_faults(error_bits: int) -> list[str]:
+    """The fatal faults a servo's Status register reports, by name."""
+    return [name for bit, name in FATAL_BIT_NAMES.items() if error_bits & bit]
 
 
 @dataclass
@@ -35,11 +41,21 @@ class SafetyCfg:
     torque_off_after: int = 15         # ticks without fresh data before torque off (0.5 s at 30 Hz)
     max_temperature: int = 65          # deg C
 
+    # Physically sensible ranges: a value outside one is a typo or a unit mistake, refused.
+    BOUNDS = {"margin": (0.0, 0.3),                # rad; more would cut the workspace
+              "max_step": (1e-4, 0.25),            # rad per tick; 0.25 at 30 Hz is past any servo's speed
+              "max_velocity": (0.1, 12.0),         # rad/s; above the STS3215's no-load speed at 12 V
+              "hold_after": (1, 300),              # ticks
+              "torque_off_after": (2, 600),        # ticks
+              "max_temperature": (30, 80)}         # deg C; the STS3215 itself cuts out at 70-80
+
     def validate(self) -> None:
-        if not (self.margin >= 0 and self.max_step > 0 and self.max_velocity > 0):
-            raise ValueError("safety: margin >= 0, max_step > 0 and max_velocity > 0 required")
-        if not 0 < self.hold_after < self.torque_off_after:
-            raise ValueError("safety: need 0 < hold_after < torque_off_after")
+        for name, (lo, hi) in self.BOUNDS.items():
+            value = getattr(self, name)
+            if not lo <= value <= hi:
+                raise ValueError(f"safety.{name}: {value} is outside {lo:g}..{hi:g}")
+        if not self.hold_after < self.torque_off_after:
+            raise ValueError("safety: need hold_after < torque_off_after")
 
 
 @dataclass
@@ -81,8 +97,10 @@ class SafetyLayer:
         return cls(cfg, robot.lower[idx], robot.upper[idx], (ends.min(1), ends.max(1)))
 
     def reset(self, measured) -> None:
-        """Start from the measured pose (after Goal := Present and torque on)."""
-        self.last = np.clip(np.asarray(measured, dtype=float), self.lower, self.upper)
+        """Start from the measured pose (after Goal := Present and torque on), where it is:
+        a joint inside the margin band is held there and walked out of it at the rate cap
+        once the policy commands, never jumped on enable."""
+        self.last = np.asarray(measured, dtype=float).copy()
         self.stale, self.tripped = 0, None
 
     def _fire(self, rule: str, out: list[str]) -> None:
@@ -90,8 +108,10 @@ class SafetyLayer:
         out.append(rule)
 
     def filter(self, goal, measured, fresh_reading: bool, fresh_policy: bool, dt: float,
-               velocity=None) -> Decision:
-        """The goal to send this tick, given the policy's goal and the latest reading."""
+               velocity=None, hold: bool = False) -> Decision:
+        """The goal to send this tick, given the policy's goal and the latest reading. `hold`:
+        no policy goal (no target yet): keep the last goal as it is, even outside the limits'
+        margin, since walking it in would move the arm unasked."""
         events: list[str] = []
         if self.tripped:
             return Decision(TORQUE_OFF, None, [self.tripped])
@@ -113,6 +133,8 @@ class SafetyLayer:
             self._fire("velocity_cap", events)
             here = np.clip(np.asarray(measured, dtype=float), self.lower, self.upper)
             self.last = self.last + np.clip(here - self.last, -self.cfg.max_step, self.cfg.max_step)
+            return self._record(Decision(HOLD, self.last.copy(), events))
+        if hold:
             return self._record(Decision(HOLD, self.last.copy(), events))
         clipped = np.clip(goal, self.lower, self.upper)
         if (clipped != goal).any():

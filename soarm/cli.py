@@ -140,6 +140,11 @@ def _emulate(args) -> int:
             print(f"emulated arm assembled as {args.calibration} describes (the file is only read)", flush=True)
         if args.calibrate:
             _self_calibrate(emu, args.calibrate)
+        operator = None
+        if args.operator:           # someone at the arm for `soarm calibrate`
+            from soarm.robot.emulator import Operator
+
+            operator = Operator(emu, seed=args.seed).start()
         port = emu.port
         if args.link:
             atomic_write(args.link, lambda tmp: tmp.symlink_to(emu.port))
@@ -154,6 +159,8 @@ def _emulate(args) -> int:
                     print(f"  {emu.counters}, physics {emu.plant.state().lag_s:.1f} s behind real time", flush=True)
             print(f"stopped; {emu.counters}")
         finally:
+            if operator is not None:
+                operator.stop()
             if args.link:
                 args.link.unlink(missing_ok=True)
     return 0
@@ -341,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="an existing (LeRobot) calibration file: the emulated arm is assembled to match it; "
                           "the file is only read")
     p.add_argument("--link", type=Path, default=None, help="symlink to the pty, e.g. /tmp/so101 (like socat)")
+    p.add_argument("--operator", action="store_true",
+                   help="a simulated person at the arm, so `soarm calibrate` can be tried end to end: holds the "
+                        "middle pose, then sweeps every joint when the procedure asks (pace seeded by --seed)")
     p.add_argument("--quiet", action="store_true", help="no packet counters every 5 s")
     p.add_argument("--ready-file", type=Path, default=None,
                    help="once serving, write {\"port\": ..., \"pid\": ...} to this JSON file (for scripts)")

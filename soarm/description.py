@@ -45,6 +45,7 @@ class RobotDescription:
     fingertip_body: int                # joint index whose child body carries the fingertip
     fingertip_xyz: np.ndarray          # fingertip origin in that body's frame
     home: np.ndarray                   # default arm pose, arm_joints order
+    park: np.ndarray                   # arm pose the robot moves to before torque goes off
     base_link: str                     # the URDF root link: the frame targets are given in
 
     @property
@@ -87,7 +88,7 @@ def load_robot(path: str | Path = DEFAULT_ROBOT) -> RobotDescription:
         raise ConfigError(f"{path}: malformed YAML ({getattr(e, 'problem', e)})") from None
     if not isinstance(meta, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
-    need = ["urdf", "arm_joints", "gripper_joint", "gripper_hold", "fingertip_link", "home"]
+    need = ["urdf", "arm_joints", "gripper_joint", "gripper_hold", "fingertip_link", "home", "park"]
     for key in need:
         if key not in meta:
             raise ConfigError(f"{path}: missing key '{key}'")
@@ -101,9 +102,17 @@ def load_robot(path: str | Path = DEFAULT_ROBOT) -> RobotDescription:
     for n in list(meta["arm_joints"]) + [meta["gripper_joint"]]:
         if n not in names:
             raise ConfigError(f"{path}: joint '{n}' is not a revolute joint of {urdf.name}")
-    home = np.asarray(meta["home"], dtype=float)
-    if home.shape != (len(meta["arm_joints"]),):
-        raise ConfigError(f"{path}: 'home' must have one value per arm joint ({len(meta['arm_joints'])})")
+    poses = {}
+    for key in ("home", "park"):
+        pose = np.asarray(meta[key], dtype=float)
+        if pose.shape != (len(meta["arm_joints"]),):
+            raise ConfigError(f"{path}: '{key}' must have one value per arm joint ({len(meta['arm_joints'])})")
+        for n, q in zip(meta["arm_joints"], pose):
+            j = joints[names.index(n)]
+            if not j.lower <= q <= j.upper:
+                raise ConfigError(f"{path}: '{key}' puts {n} at {q:+.3f} rad, outside its limits "
+                                  f"{j.lower:+.3f}..{j.upper:+.3f}")
+        poses[key] = pose
     tip = meta["fingertip_link"]
     if tip not in fixed:
         raise ConfigError(f"{path}: fingertip_link '{tip}' is not a fixed child link in {urdf.name}")
@@ -115,7 +124,8 @@ def load_robot(path: str | Path = DEFAULT_ROBOT) -> RobotDescription:
         gripper_hold=float(meta["gripper_hold"]),
         fingertip_body=names.index(body),
         fingertip_xyz=xyz,
-        home=home,
+        home=poses["home"],
+        park=poses["park"],
         base_link=base,
     )
 

@@ -141,3 +141,45 @@ def test_cli_calibrate_without_a_port_is_one_line(tmp_path, capsys):
     assert cli.main(["calibrate", "--port", str(tmp_path / "ttyACM7"), "--out", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert "no such serial port" in err and err.count("\n") == 0 and not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.bus
+def test_soarm_calibrate_end_to_end_with_the_emulated_operator(tmp_path, robot):
+    """`soarm emulate --operator` puts a simulated person at the arm: `soarm calibrate` runs
+    as on the bench (two Enters), and the file it writes spans each joint's travel."""
+    import subprocess
+    import sys
+    import time
+
+    from soarm.robot.emulator import EmulatorProcess
+
+    link = tmp_path / "so101"
+    emu = EmulatorProcess(tmp_path / "first.json", seed=2, args=("--no-compile", "--link", str(link), "--operator"))
+    proc = None
+
+    def wait_for(line: str, timeout: float = 60.0) -> None:
+        t_end = time.monotonic() + timeout
+        while not any(line in o for o in emu.output):
+            assert time.monotonic() < t_end and proc.poll() is None, (line, emu.output[-5:])
+            time.sleep(0.05)
+    try:
+        out = tmp_path / "cal.json"
+        proc = subprocess.Popen([sys.executable, "-m", "soarm.cli", "calibrate", "--port", str(link), "--out", str(out)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wait_for("operator: holding the arm in the middle pose")
+        proc.stdin.write("\n")                                     # "the arm is in the middle"
+        proc.stdin.flush()
+        wait_for("operator: sweep done")
+        proc.stdin.write("\n")                                     # "done sweeping"
+        proc.stdin.flush()
+        text, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, text
+        cal = load(out)
+        for n in ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex"):
+            j = robot.index(n)
+            lo, hi = ticks_to_rad(cal[n], cal[n].range_min), ticks_to_rad(cal[n], cal[n].range_max)
+            assert abs(lo - robot.lower[j]) < 0.03 and abs(hi - robot.upper[j]) < 0.03, (n, lo, hi)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        emu.stop()

@@ -3,12 +3,13 @@ failure anywhere ending in torque off with the bus thread still serving."""
 
 import time
 
+import numpy as np
 import pytest
 
 from soarm.calibration import calibration
-from soarm.robot.driver import DISABLED, ENABLED, FAULT, DriverCfg, ReachDriver
+from soarm.robot.driver import DISABLED, ENABLED, FAULT, PARKING, DriverCfg, ReachDriver
 from soarm.robot.bus import FeetechBus
-from soarm.robot.emulator import ServoBusEmulator
+from soarm.robot.emulator import EmulatorProcess, FaultCfg, ServoBusEmulator
 
 pytestmark = pytest.mark.bus
 
@@ -54,7 +55,7 @@ def test_a_failing_front_end_callback_ends_in_torque_off_and_the_driver_recovers
         ok, msg = driver.enable()                                    # the bus thread still serves
         assert ok and driver.state == ENABLED, msg
         ok, _ = driver.disable()
-        assert ok and not any(emu.torque_enabled())
+        assert ok and wait(lambda: driver.state == DISABLED, 30) and not any(emu.torque_enabled())
     finally:
         driver.close()
 
@@ -67,3 +68,109 @@ def test_bad_configuration_is_one_line_before_the_bus_is_touched(emulated, tiny_
     with pytest.raises(ValueError, match="'elbow_flex' is servo 3, servo_ids says 9"):
         ReachDriver(DriverCfg(port=emu.port, policy=str(tiny_policy), calibration=cal, servo_ids=[1, 2, 9, 4, 5, 6]))
     assert emu.counters["packets"] == before
+
+
+def test_enable_after_the_bus_was_lost_reopens_the_port(tmp_path, tiny_policy):
+    """The emulator killed and started again behind the same path (an adapter unplugged and
+    replugged): the next enable reconnects, says so, and the arm runs again."""
+    link, cal = tmp_path / "so101", tmp_path / "cal.json"
+    args = ("--no-compile", "--link", str(link))
+    emu = EmulatorProcess(cal, seed=3, args=args)
+    driver = ReachDriver(DriverCfg(port=str(link), policy=str(tiny_policy), calibration=str(cal)))
+    driver.start()
+    try:
+        assert wait(lambda: driver.state == DISABLED, 30)
+        ok, msg = driver.enable()
+        assert ok, msg
+        emu.kill()
+        assert wait(lambda: driver.state == FAULT, 10), driver.reason
+        ok, msg = driver.enable()
+        assert not ok and "enable refused" in msg                     # nothing behind the path yet
+        emu = EmulatorProcess(cal, seed=3, args=args, calibrate=False)
+        ok, msg = driver.enable()
+        assert ok and driver.state == ENABLED, msg
+        assert driver.diagnostics()["reconnects"] >= 1
+        ticks = driver.diagnostics()["tick"]["ticks"]
+        assert wait(lambda: driver.diagnostics()["tick"]["ticks"] > ticks + 10, 10)     # the loop runs
+        assert driver.state == ENABLED, driver.reason
+        ok, _ = driver.disable()
+        assert ok
+    finally:
+        driver.close()
+        emu.stop()
+
+
+def test_enable_with_a_joint_outside_its_calibrated_range_refuses_and_moves_nothing(emulated, tiny_policy, tmp_path):
+    """A slumped shoulder resting below a calibration's range_min: with torque on, the servo
+    would clamp Goal := Present to its limit register and drive the joint there."""
+    import dataclasses
+
+    emu, cal_path = emulated
+    cal = calibration.load(cal_path)
+    lift = cal["shoulder_lift"]
+    cal["shoulder_lift"] = dataclasses.replace(lift, range_min=lift.range_min + 300)   # still holds home
+    emu.assemble_as(cal)
+    calibration.save(cal, tmp_path / "narrow.json")
+    q = emu.joint_positions()
+    j = emu.robot.names.index("shoulder_lift")
+    q[j] = calibration.ticks_to_rad(cal["shoulder_lift"], cal["shoulder_lift"].range_min) - 0.2
+    emu.place(q)
+    driver = ReachDriver(DriverCfg(port=emu.port, policy=str(tiny_policy), calibration=str(tmp_path / "narrow.json")))
+    driver.start()
+    try:
+        assert wait(lambda: driver.state == DISABLED)
+        ok, msg = driver.enable()
+        assert not ok and "'shoulder_lift' (servo 2)" in msg and "outside its calibrated range" in msg, msg
+        assert not any(emu.torque_enabled())
+    finally:
+        driver.close()
+
+
+def test_disable_parks_the_arm_slowly_then_turns_torque_off(emulated, tiny_policy):
+    emu, cal = emulated
+    samples = []
+    driver = ReachDriver(DriverCfg(port=emu.port, policy=str(tiny_policy), calibration=cal),
+                         on_state=lambda s: samples.append((time.monotonic(), s.positions)))
+    driver.start()
+    try:
+        assert wait(lambda: driver.state == DISABLED)
+        assert driver.enable()[0]
+        driver.set_target([0.25, 0.05, 0.2])
+        assert emu.wait(1.0)
+        ok, msg = driver.disable()
+        assert ok and "parking" in msg and driver.state == PARKING
+        n0 = len(samples)
+        assert all(emu.torque_enabled())                           # holding while it parks
+        assert wait(lambda: driver.state == DISABLED, 30), driver.reason
+        assert driver.reason == "parked; torque off" and not any(emu.torque_enabled())
+        arm = emu.robot.arm_index
+        q = np.array(emu.joint_positions())[arm]
+        assert np.abs(q - emu.robot.park).max() < 0.15               # at the park pose
+        path = np.array([p for _, p in samples[n0:]])[:, arm]
+        step = np.abs(np.diff(path, axis=0)).max()
+        assert step <= 2 * driver.cfg.park_speed / driver.rate, step  # slowly, not dropped
+    finally:
+        driver.close()
+
+
+def test_estop_under_line_noise_is_immediate(emulated, tiny_policy):
+    """Bytes on the line all the time and never a valid reply: every read fails by its own
+    timeout instead of blocking the bus thread, and the e-stop's broadcast torque off goes
+    out within a control period plus one read's timeout of the request."""
+    emu, cal = emulated
+    driver = ReachDriver(DriverCfg(port=emu.port, policy=str(tiny_policy), calibration=cal))
+    driver.start()
+    try:
+        assert wait(lambda: driver.state == DISABLED)
+        assert driver.enable()[0]
+        driver.set_target([0.25, 0.05, 0.2])
+        assert emu.wait(0.3)
+        emu.faults = FaultCfg(noise=True)
+        assert wait(lambda: driver.loop.stats.read_failures >= 2)
+        ok, msg = driver.estop()
+        assert ok, msg
+        assert not any(emu.torque_enabled())
+        assert driver.estop_latency_ms <= 1000 / driver.rate + 40, msg
+    finally:
+        emu.faults = FaultCfg()
+        driver.close()

@@ -135,6 +135,19 @@ def test_faulty_replies_fail_a_tick_and_the_next_one_is_clean():
         assert failed > 0 and ok > 50, (ok, failed, e.counters)
 
 
+def test_a_reply_longer_than_the_read_asked_for_is_refused(emu):
+    """The SDK slices any reply from the right id to the length it asked for, so a late
+    reply to a longer read passed for this one (a false 'different firmware' refusal)."""
+    bus = connect(emu.port)
+    emu.faults = FaultCfg(oversize=1.0)
+    with pytest.raises(BusError, match=r"reading Firmware_Major_Version from servo 2 \(\w+\) failed"):
+        bus.read("Firmware_Major_Version", 2)
+    assert emu.counters["oversize"] >= 3
+    emu.faults = FaultCfg()
+    assert bus.read("Firmware_Major_Version", 2) == bus.firmware[0]
+    bus.close()
+
+
 def test_reg_write_waits_for_action_and_broadcast_action_applies_it(emu):
     import scservo_sdk as scs
 

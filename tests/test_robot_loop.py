@@ -9,7 +9,7 @@ import pytest
 from soarm.calibration.calibration import calibrate_emulated
 from soarm.export.runtime import PolicyRuntime
 from soarm.robot.bus import FeetechBus
-from soarm.robot.emulator import ServoBusEmulator
+from soarm.robot.emulator import FaultCfg, ServoBusEmulator
 from soarm.robot.loop import ControlLoop
 from soarm.robot.safety import SafetyCfg, SafetyLayer
 
@@ -76,3 +76,36 @@ def test_servo_overload_turns_torque_off(arm):
     loop.run(seconds=2.0)
     assert safety.tripped is not None and "error_0x20" in safety.tripped
     assert not any(emu.torque_enabled())
+
+
+def test_enable_is_refused_while_a_servo_reports_overload(arm):
+    emu, bus, cal, rt, safety = arm
+    emu.faults.error_bits = 0x20
+    loop = ControlLoop(bus, rt, cal, safety, target=lambda: TARGET)
+    with pytest.raises(ValueError, match=r"enable refused: servo 1 \(shoulder_pan\) reports overload \(status 0x20\)"):
+        loop.start()
+    assert not loop.running and not any(emu.torque_enabled())
+    emu.faults.error_bits = 0
+    loop.start()                                                  # cleared: enable works
+    assert loop.running and all(emu.torque_enabled())
+    loop.shutdown()
+
+
+def test_a_garbage_reading_with_a_valid_checksum_is_a_failed_read(arm):
+    """Readings of random data (checksum valid) would put a joint radians away in one tick;
+    they count as failed reads, and no goal steps toward them."""
+    emu, bus, cal, rt, safety = arm
+    loop = ControlLoop(bus, rt, cal, safety, target=lambda: TARGET)
+    loop.start()
+    seen, step = [], loop.step
+
+    def recording_step(q, target, fault=None):
+        if q is not None:
+            seen.append(np.array(q))
+        return step(q, target, fault)
+    loop.step = recording_step
+    emu.faults = FaultCfg(garbage=0.02, seed=4)
+    stats = loop.run(seconds=2.0)
+    assert emu.counters["garbage"] > 0 and stats["read_failures"] > 0, (emu.counters, stats)
+    jumps = np.abs(np.diff(np.array(seen), axis=0)).max()
+    assert jumps < 0.35, jumps                                    # 0.35 rad per tick is 10 rad/s

@@ -79,6 +79,13 @@ def test_parameters_are_validated_at_the_edge():
         params.to_cfg({"port": "/dev/x", "calibration": "c.json"})
     with pytest.raises(config.ConfigError, match="safety.max_step"):
         params.to_cfg({"port": "/dev/x", "policy": "p", "calibration": "c", "safety.max_step": "fast"})
+    with pytest.raises(config.ConfigError, match=r"safety.max_step: 100.0 is outside 0.0001..0.25"):
+        params.to_cfg({"port": "/dev/x", "policy": "p", "calibration": "c", "safety.max_step": 100.0})
+    assert params.to_cfg({"port": "/dev/x", "policy": "p", "calibration": "c", "rate_hz": 30}).rate_hz == 30.0
+    extra = params.undeclared({"safety.max_speed": 1.0, "use_sim_time": False}, {"safety.max_step": 0.08})
+    assert extra == {"safety.max_speed": 1.0}
+    with pytest.raises(config.ConfigError, match="unknown key 'safety.max_speed'"):
+        params.to_cfg({"port": "/dev/x", "policy": "p", "calibration": "c", **extra})
 
 
 @pytest.fixture
@@ -122,7 +129,6 @@ def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path, r
     from soarm.reach import CommandCfg, ReachCfg, full_pose, sample_targets
     from soarm.robot.enclog import read_log
     from soarm.robot.replay import replay
-    from soarm.training.evaluate import evaluate
 
     assert REFERENCE_POLICY.is_file(), f"{REFERENCE_POLICY}: the shipped reference policy is missing"
     emu, start = rig
@@ -149,19 +155,20 @@ def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path, r
         tip = dyn.fingertip(q)[0].float()                  # joint_states holds every joint
         errors.append(float((tip - target).norm()))
     assert client.call("disable").success
+    client.wait_for(diag_with(client, "state", "disabled"), timeout=30)     # parked, torque off
     ros_mean = float(np.mean(errors))
+
+    # The same plant without ROS, bus or emulator: the transfer suite's runner (the robot's
+    # own decision step), nominal, one arm through the same 20 targets.
+    from soarm.robot.safety import SafetyCfg
+    from soarm.robot.transfer import PLANTS, SuiteContext, run_plant
+    from soarm.servo import ServoConfig
 
     task = config.load(ReachCfg, REPO_ROOT / "configs" / "task" / "reach.yaml")
     plant = request.node.callspec.params["rig"]
-    if plant == "armsim":
-        sim = evaluate(rt, task, targets=20, num_envs=1, progress=False, fixed=targets)
-    else:
-        from soarm.robot.safety import SafetyCfg
-        from soarm.robot.transfer import PLANTS, SuiteContext, run_plant
-        from soarm.servo import ServoConfig
-
-        ctx = SuiteContext(robot, task, config.load(ServoConfig, REPO_ROOT / "configs" / task.servo))
-        sim = run_plant(rt, PLANTS["mujoco"], ctx, targets.numpy(), 20, 7, SafetyCfg())
+    ctx = SuiteContext(robot, task, config.load(ServoConfig, REPO_ROOT / "configs" / task.servo))
+    spec = PLANTS["nominal" if plant == "armsim" else "mujoco"]
+    sim = run_plant(rt, spec, ctx, targets.numpy(), 20, 7, SafetyCfg())
     ratio = ros_mean / sim["mean_error_m"]
     print(json.dumps({"plant": plant, "closed_loop_ros_mean_error_m": ros_mean,
                       "without_ros_mean_error_m": sim["mean_error_m"], "ratio": ratio, "errors_m": errors}))
@@ -175,15 +182,16 @@ def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path, r
     assert report["ticks"] > 20 * window * 25 and report["ticks_differing"] == 0 and report["events_differing"] == 0
     d = client.diag[-1]
     # The node's rate is measured in benchmarks/ros_node_tick.py; here a loop that cannot hold
-    # it at all fails. With other CPU-bound work beside a 2-core machine, 1.2 % of ticks overran
-    # once (15 of 1,262), so the bound is 5 %.
-    assert int(d["overruns"]) <= int(d["ticks"]) // 20, d
+    # it at all fails (a stalled plant or policy overruns nearly every tick). On a 2-core
+    # machine, 1.2 % of ticks overran with two CPU-bound processes beside the suite, 6.2 % with
+    # four (tests/under_load.py's two on top), so the bound is 25 %.
+    assert int(d["overruns"]) <= int(d["ticks"]) // 4, d
     assert node.proc.poll() is None
 
 
-def reaching(start, client, target, seconds: float):
-    """A node started, enabled and reaching for `target` for `seconds`."""
-    node = start()
+def reaching(start, client, target, seconds: float, **overrides):
+    """A node started (parameters `overrides`), enabled and reaching for `target` for `seconds`."""
+    node = start(**overrides)
     client.wait_for(diag_with(client, "state", "disabled"))
     assert client.call("enable").success
     client.send(target)
@@ -193,11 +201,12 @@ def reaching(start, client, target, seconds: float):
 
 def test_estop_mid_motion_stops_within_one_tick(rig, client):
     emu, start = rig
-    node = reaching(start, client, [0.25, 0.1, 0.2], 0.7)
+    node = reaching(start, client, [0.25, 0.1, 0.2], 0.7, rate_hz=30)      # an integer rate is a rate
     r = client.call("estop")
     assert r.success, r.message + node.output()
     latency_ms = float(r.message.split("torque off ")[1].split(" ms")[0])
     rate = float(client.diag[-1]["rate_hz"])
+    assert rate == 30.0
     assert latency_ms <= 1000.0 / rate + 5.0, r.message      # one tick, plus the torque-off writes
     d = client.wait_for(diag_with(client, "state", "fault"))
     assert "e-stop" in d["message"] and d["level"] == 2
@@ -243,7 +252,8 @@ def test_bad_targets_are_refused_with_a_warning(rig, client):
     assert "not a finite 3-D point" in out and "outside the trained workspace" in out
 
 
-@pytest.mark.parametrize("case", ["missing_policy", "foreign_policy", "foreign_calibration", "bad_type"])
+@pytest.mark.parametrize("case", ["missing_policy", "foreign_policy", "foreign_calibration", "bad_type",
+                                  "misspelled_key", "out_of_range"])
 def test_bad_configuration_is_one_error_and_the_node_stays_disabled(rig, client, tmp_path, tiny_policy, case):
     emu, start = rig
     if case == "missing_policy":
@@ -265,8 +275,12 @@ def test_bad_configuration_is_one_error_and_the_node_stays_disabled(rig, client,
         path = tmp_path / "other_arm.json"
         path.write_text(json.dumps(cal))
         node, expect = start(calibration=str(path)), "recalibrate or use the right file"
-    else:
+    elif case == "bad_type":
         node, expect = start(**{"safety.max_step": "fast"}), "safety.max_step"
+    elif case == "misspelled_key":
+        node, expect = start(**{"safety.max_speed": 1.0}), "unknown key 'safety.max_speed'"
+    else:
+        node, expect = start(**{"safety.max_step": 100.0}), "safety.max_step: 100.0 is outside"
     d = client.wait_for(lambda: next((d for d in reversed(client.diag) if d["level"] == 2), None))
     assert expect in d["message"]
     r = client.call("enable")

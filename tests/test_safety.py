@@ -88,3 +88,17 @@ def test_servo_status_faults(layer, bits, temp, trips):
 def test_estop(layer):
     layer.estop()
     assert step(layer, [0.0, 0.0]).kind == TORQUE_OFF and layer.tripped == "estop"
+
+
+def test_enable_inside_the_margin_band_holds_there_and_walks_out_at_the_cap(layer):
+    """Enabled with a joint past the margin (resting on its stop): the first goal is where
+    the joint is, and a command moves it into the limits no faster than max_step per tick."""
+    below = layer.lower[0] - 0.2
+    layer.reset([below, 0.0])
+    for _ in range(5):                                                 # no target yet: held where it is
+        d = layer.filter(np.array([below, 0.0]), np.array([below, 0.0]), True, True, 1 / 30,
+                         velocity=np.zeros(2), hold=True)
+        assert d.kind == HOLD and d.goal[0] == below
+    goals = [step(layer, [0.0, 0.0]).goal[0] for _ in range(20)]
+    assert np.all(np.diff([below, *goals]) <= layer.cfg.max_step + 1e-12)
+    assert goals[-1] >= layer.lower[0]

@@ -25,6 +25,8 @@ DESCRIPTIONS = {
     "enable_on_start": "torque on at start-up; otherwise call the ~/enable service",
     "log_dir": "directory for an encoder log (MCAP) per enable; empty for none",
     "status_every": "ticks between servo status polls (one servo per poll)",
+    "park_speed": "rad/s per joint on the way to the park pose before torque off (disable, Ctrl-C); 0: at once",
+    "park_timeout_s": "s after which torque goes off even if the park pose is not reached",
     "safety.margin": "rad kept clear of each joint limit",
     "safety.max_step": "rad a goal may move per tick",
     "safety.max_velocity": "rad/s measured above which the arm holds",
@@ -50,6 +52,17 @@ def declarations() -> list[tuple[str, Any, str]]:
                 out.append((prefix + f.name, value, DESCRIPTIONS[prefix + f.name]))
     walk(DriverCfg(), "")
     return out
+
+
+# Parameters every rclpy node owns; a parameter file may set them.
+ROS_OWNED = ("use_sim_time", "start_type_description_service", "qos_overrides.")
+
+
+def undeclared(overrides: dict[str, Any], declared: dict[str, Any]) -> dict[str, Any]:
+    """The parameter overrides (name -> rclpy Parameter or value) that are neither ours nor
+    ROS's own, as plain values."""
+    return {name: getattr(p, "value", p) for name, p in overrides.items()
+            if name not in declared and not name.startswith(ROS_OWNED)}
 
 
 def nested(values: dict[str, Any]) -> dict[str, Any]:

@@ -38,8 +38,12 @@ class ReachNode(Node):
         self.driver: ReachDriver | None = None
         self.error = ""
         try:
-            values = {name: self.declare_parameter(name, default, ParameterDescriptor(description=text)).value
+            values = {name: self.declare_parameter(name, default, ParameterDescriptor(
+                          description=text, dynamic_typing=isinstance(default, float))).value
                       for name, default, text in params.declarations()}
+            # Keys in the parameter file that nothing declares: rclpy would drop them silently,
+            # so they go to the config loader, which refuses an unknown key by name.
+            values.update(params.undeclared(self._parameter_overrides, values))
             self.driver = ReachDriver(params.to_cfg(values), on_state=self._publish_joints, on_event=self._log)
         except (ValueError, ParameterException) as e:
             self.error = str(e).splitlines()[0]
@@ -108,6 +112,7 @@ class ReachNode(Node):
             status.message = f"{d['state']}: {d['reason']}"
             tick = d["tick"]
             values = {"state": d["state"], "enabled": d["state"] == ENABLED, "rate_hz": d["rate_hz"],
+                      "reconnects": d["reconnects"],
                       "ticks": tick["ticks"], "overruns": tick["overruns"],
                       "tick_ms_p50": round(tick["tick_ms_p50"], 3), "tick_ms_p99": round(tick["tick_ms_p99"], 3),
                       "tick_ms_max": round(tick["tick_ms_max"], 3), "read_failures": tick["read_failures"],
