@@ -43,8 +43,11 @@ class ServoStatus:
 def _strict_packets():
     """The SDK's packet handler, with every read reply's length checked against its request
     (the reply to a READ of n bytes carries LENGTH = n + 2)."""
+    import importlib
+
     import scservo_sdk as scs
-    from scservo_sdk import protocol_packet_handler as pph
+
+    pph = importlib.import_module("scservo_sdk.protocol_packet_handler")   # the module (its class shares the name)
 
     class StrictPackets(scs.protocol_packet_handler):
         def rxPacket(self, port):
@@ -117,6 +120,7 @@ class FeetechBus:
         if not os.access(self.port_name, os.R_OK | os.W_OK):
             raise BusError(f"{self.port_name}: permission denied (add your user to the 'dialout' group)")
         self.port, self.packets = scs.PortHandler(self.port_name), _strict_packets()
+        self._reads = {}                        # sync-read groups hold the port they were made with
         try:
             self.port.baudrate = self.baud
             if not self.port.openPort():

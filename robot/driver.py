@@ -298,9 +298,14 @@ class ReachDriver:
         r.ok, r.message = True, "disabled" if was else "already disabled"
 
     def _estop(self, r: _Request) -> None:
+        # The safety layer tripped at the request, so a tick in progress may already have sent
+        # the broadcast torque off: the latency runs to the first broadcast after the request.
+        sent = self.bus.torque_off_sent_at
+        already = sent is not None and sent >= r.t
         self.loop.estop()                           # broadcast torque off, then each servo confirms
         self._close_log()
-        self.estop_latency_ms = ((self.bus.torque_off_sent_at or time.perf_counter()) - r.t) * 1e3
+        first = sent if already else (self.bus.torque_off_sent_at or time.perf_counter())
+        self.estop_latency_ms = (first - r.t) * 1e3
         self._set(FAULT, "e-stop: torque off; enable to resume", "warn")
         r.ok, r.message = True, f"e-stop: torque off {self.estop_latency_ms:.1f} ms after the request"
 

@@ -56,7 +56,7 @@ class FaultCfg:
     corrupt: float = 0.0            # probability of a reply with a wrong checksum
     garbage: float = 0.0            # probability of a SYNC_READ reply with random data, valid checksum
     oversize: float = 0.0           # probability of a READ reply one byte longer than asked, valid checksum
-    noise: bool = False             # bytes on the line all the time, never a valid packet (a bad cable)
+    noise: bool = False             # bytes on the line all the time and no valid reply (a bad cable)
     error_bits: int = 0             # OR-ed into every status packet (e.g. 0x20 overload)
     silent_ids: tuple[int, ...] = ()
     seed: int = 0
@@ -422,7 +422,7 @@ class ServoBusEmulator:
 
     def _reply(self, sid: int, params: bytes) -> None:
         f = self.faults
-        if self._unplugged or sid in f.silent_ids:
+        if self._unplugged or sid in f.silent_ids or f.noise:
             return
         if f.drop and self.rng.random() < f.drop:
             self.counters["dropped"] += 1
