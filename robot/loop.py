@@ -82,13 +82,7 @@ class PolicyStep:
             except PolicyError as e:
                 action, fault = None, str(e)
         # Holding (no target yet) is a valid command: the current goal, kept where it is.
-        decision = self.safety.filter(goal, q, fresh, target is None or action is not None, self.dt,
-                                      velocity=(q - self.q_prev) / self.dt, hold=target is None)
-        if decision.goal is not None:
-            self.goal = decision.goal.astype(np.float32)
-            self.last_action = (action if action is not None and decision.kind == COMMAND
-                                else np.zeros_like(self.last_action))
-            self.q_prev = q
+        decision = self._clamped(goal, q, fresh, target is None or action is not None, action, hold=target is None)
         return StepResult(decision, action, goal if action is not None else None, fault)
 
     def toward(self, q: np.ndarray | None, pose: np.ndarray, max_step: float) -> StepResult:
@@ -97,12 +91,18 @@ class PolicyStep:
         fresh = q is not None
         q = self.q_prev if q is None else np.asarray(q, dtype=np.float32)
         goal = self.goal + np.clip(pose - self.goal, -max_step, max_step)
-        decision = self.safety.filter(goal, q, fresh, True, self.dt, velocity=(q - self.q_prev) / self.dt)
+        return StepResult(self._clamped(goal, q, fresh, True, None), None, None, None)
+
+    def _clamped(self, goal, q: np.ndarray, fresh: bool, fresh_policy: bool, action, hold: bool = False) -> Decision:
+        """The safety layer's decision on `goal`, and the step's state advanced by it."""
+        decision = self.safety.filter(goal, q, fresh, fresh_policy, self.dt, velocity=(q - self.q_prev) / self.dt,
+                                      hold=hold)
         if decision.goal is not None:
             self.goal = decision.goal.astype(np.float32)
-            self.last_action = np.zeros_like(self.last_action)
+            self.last_action = (action if action is not None and decision.kind == COMMAND
+                                else np.zeros_like(self.last_action))
             self.q_prev = q
-        return StepResult(decision, None, None, None)
+        return decision
 
 
 @dataclass

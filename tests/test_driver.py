@@ -126,17 +126,22 @@ def test_enable_with_a_joint_outside_its_calibrated_range_refuses_and_moves_noth
         driver.close()
 
 
+def reaching_driver(emu, cal, policy, seconds: float, **kw) -> ReachDriver:
+    """A driver started, enabled and reaching for a target for `seconds` of simulated time."""
+    driver = ReachDriver(DriverCfg(port=emu.port, policy=str(policy), calibration=cal), **kw).start()
+    assert wait(lambda: driver.state == DISABLED)
+    assert driver.enable()[0]
+    driver.set_target([0.25, 0.05, 0.2])
+    assert emu.wait(seconds)
+    return driver
+
+
 def test_disable_parks_the_arm_slowly_then_turns_torque_off(emulated, tiny_policy):
     emu, cal = emulated
     samples = []
-    driver = ReachDriver(DriverCfg(port=emu.port, policy=str(tiny_policy), calibration=cal),
-                         on_state=lambda s: samples.append((time.monotonic(), s.positions)))
-    driver.start()
+    driver = reaching_driver(emu, cal, tiny_policy, 1.0,
+                             on_state=lambda s: samples.append((time.monotonic(), s.positions)))
     try:
-        assert wait(lambda: driver.state == DISABLED)
-        assert driver.enable()[0]
-        driver.set_target([0.25, 0.05, 0.2])
-        assert emu.wait(1.0)
         ok, msg = driver.disable()
         assert ok and "parking" in msg and driver.state == PARKING
         n0 = len(samples)
@@ -158,13 +163,8 @@ def test_estop_under_line_noise_is_immediate(emulated, tiny_policy):
     timeout instead of blocking the bus thread, and the e-stop's broadcast torque off goes
     out within a control period plus one read's timeout of the request."""
     emu, cal = emulated
-    driver = ReachDriver(DriverCfg(port=emu.port, policy=str(tiny_policy), calibration=cal))
-    driver.start()
+    driver = reaching_driver(emu, cal, tiny_policy, 0.3)
     try:
-        assert wait(lambda: driver.state == DISABLED)
-        assert driver.enable()[0]
-        driver.set_target([0.25, 0.05, 0.2])
-        assert emu.wait(0.3)
         emu.faults = FaultCfg(noise=True)
         assert wait(lambda: driver.loop.stats.read_failures >= 2)
         ok, msg = driver.estop()
