@@ -122,4 +122,6 @@ class NodeProcess:
 
 
 def diag_with(client: Client, key: str, value):
-    return lambda: next((d for d in reversed(client.diag) if d.get(key) == value), None)
+    """The newest diagnostic when it has `key` == `value`: the node's state now, not one it
+    was in before (every state change is published, so the newest is the current one)."""
+    return lambda: client.diag[-1] if client.diag and client.diag[-1].get(key) == value else None
