@@ -1,6 +1,7 @@
 """The Feetech bus driver: a thin layer over the real `scservo_sdk`, driven by the control table.
 
-All bus I/O happens on the thread that calls these methods: the SDK is not thread-safe.
+All bus I/O happens on one thread (the SDK is not thread-safe) except
+`broadcast_torque_off`, which an e-stop sends from its own thread under the port's write lock.
 What the SDK gets wrong, handled here:
 - a reply that arrives after the timeout is read as the answer to the next request, so
   after any failure the input buffer is flushed and the port's `is_using` flag reset;
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -102,6 +104,23 @@ def _strict_packets():
     return StrictPackets()
 
 
+def _locked_port(name: str):
+    """The SDK's port, every write under one lock: the e-stop's broadcast, sent from the
+    requesting thread, never interleaves its bytes with a packet the bus thread is sending."""
+    import scservo_sdk as scs
+
+    class LockedPort(scs.PortHandler):
+        def __init__(self, port_name):
+            super().__init__(port_name)
+            self.tx_lock = threading.Lock()
+
+        def writePort(self, packet):
+            with self.tx_lock:
+                return super().writePort(packet)
+
+    return LockedPort(name)
+
+
 class FeetechBus:
     def __init__(self, port: str, ids: dict[str, int], baud: int = BAUD):
         self.port_name, self.ids, self.baud = port, dict(ids), baud
@@ -119,7 +138,7 @@ class FeetechBus:
             raise BusError(f"{self.port_name}: no such serial port (is the servo adapter plugged in?)")
         if not os.access(self.port_name, os.R_OK | os.W_OK):
             raise BusError(f"{self.port_name}: permission denied (add your user to the 'dialout' group)")
-        self.port, self.packets = scs.PortHandler(self.port_name), _strict_packets()
+        self.port, self.packets = _locked_port(self.port_name), _strict_packets()
         self._reads = {}                        # sync-read groups hold the port they were made with
         try:
             self.port.baudrate = self.baud
@@ -249,14 +268,7 @@ class FeetechBus:
         when every servo acknowledged."""
         if self.port is None:
             return False
-        import scservo_sdk as scs
-
-        try:
-            self._call(self.packets.write1ByteTxOnly, self.port, scs.BROADCAST_ID,
-                       ct.STS3215["Torque_Enable"].address, 0)
-        except Exception:  # noqa: BLE001 - the confirmations below still try, and report
-            pass
-        self.torque_off_sent_at = time.perf_counter()
+        self.broadcast_torque_off()
         ok = True
         for sid in self.ids.values():
             for _ in range(tries):
@@ -270,6 +282,22 @@ class FeetechBus:
             else:
                 ok = False
         return ok
+
+    def broadcast_torque_off(self) -> None:
+        """One broadcast WRITE of Torque_Enable = 0: every servo acts on it at once and none
+        replies. The one call any thread may make while the bus thread is busy (an e-stop
+        must not wait behind a blocked read). Never raises."""
+        import scservo_sdk as scs
+
+        port = self.port
+        if port is None:
+            return
+        body = [scs.BROADCAST_ID, 4, scs.INST_WRITE, ct.STS3215["Torque_Enable"].address, 0]
+        try:
+            port.writePort(bytes([0xFF, 0xFF, *body, ~sum(body) & 0xFF]))
+            self.torque_off_sent_at = time.perf_counter()
+        except Exception:  # noqa: BLE001 - a dead port; the caller's confirmations report it
+            pass
 
     # ------------------------------------------------------------ plumbing
     def _call(self, fn, *args) -> tuple[object, bool]:

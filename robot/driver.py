@@ -131,16 +131,19 @@ class ReachDriver:
         return self
 
     def enable(self, timeout: float = 10.0) -> tuple[bool, str]:
-        return self._request("enable", timeout)
+        return self._request(_Request("enable"), timeout)
 
     def disable(self, timeout: float = 5.0) -> tuple[bool, str]:
-        return self._request("disable", timeout)
+        return self._request(_Request("disable"), timeout)
 
     def estop(self, timeout: float = 5.0) -> tuple[bool, str]:
-        # Trip the safety layer at once as well: a tick already past the request queue
-        # then sends nothing either.
+        # From this thread at once, even while the bus thread is blocked in a read: the safety
+        # layer tripped (no tick sends a goal after it) and a broadcast torque off on the wire.
+        # The bus thread then confirms servo by servo.
+        r = _Request("estop")
         self.safety.estop()
-        return self._request("estop", timeout)
+        self.bus.broadcast_torque_off()
+        return self._request(r, timeout)
 
     def set_target(self, xyz, frame: str | None = None) -> np.ndarray:
         """Validate and take a new target; PolicyError (one line) if refused, the old one kept."""
@@ -174,14 +177,13 @@ class ReachDriver:
         with self._target_lock:
             return self.target
 
-    def _request(self, kind: str, timeout: float) -> tuple[bool, str]:
+    def _request(self, r: _Request, timeout: float) -> tuple[bool, str]:
         if self._thread is None or not self._thread.is_alive():
-            return False, f"{kind}: the driver is not running"
-        r = _Request(kind)
+            return False, f"{r.kind}: the driver is not running"
         self._requests.put(r)
         self._wake.set()
         if not r.done.wait(timeout):
-            return False, f"{kind}: no answer from the bus thread within {timeout:.0f} s"
+            return False, f"{r.kind}: no answer from the bus thread within {timeout:.0f} s"
         return r.ok, r.message
 
     # -------------------------------------------------------- bus thread

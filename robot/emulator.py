@@ -179,6 +179,8 @@ class ServoBusEmulator:
         self._late: list[tuple[float, bytes]] = []
         self._out = bytearray()
         self.max_reply_s = 0.0                               # longest read-to-reply time so far
+        self.torque_dropped_at: float | None = None          # monotonic: the latest packet that turned a servo off
+        self._t_rx = 0.0                                     # monotonic: when the bytes being handled arrived
         self._unplugged = False
         self._now = self.plant.state()                       # the state replies are built from
 
@@ -290,7 +292,7 @@ class ServoBusEmulator:
                     return
                 self._stop.wait(0.001)                       # slave closed (unplugged): idle
                 data = b""
-            t_read = time.monotonic()
+            t_read = self._t_rx = time.monotonic()
             with self._lock:
                 buf.extend(data)
                 self._now = self.plant.state()
@@ -404,7 +406,7 @@ class ServoBusEmulator:
         s = self.servos[sid]
         if not data or addr + len(data) > len(s.mem):
             raise ValueError("write outside the control table")
-        locked = s.get("Lock") == 1
+        locked, was_on = s.get("Lock") == 1, s.get("Torque_Enable") == 1
         for i, byte in enumerate(data):
             a = addr + i
             reg = ct.BY_ADDRESS.get(a)
@@ -417,6 +419,8 @@ class ServoBusEmulator:
         touched = range(addr, addr + len(data))
         if ct.STS3215["Torque_Enable"].address in touched:
             self.plant.command_torque(j, s.get("Torque_Enable") == 1)
+            if was_on and s.get("Torque_Enable") == 0:
+                self.torque_dropped_at = self._t_rx
         if ct.STS3215["Goal_Position"].address in touched:
             self.plant.command_goal(j, self._goal_to_rad(sid, s.get("Goal_Position")))
 

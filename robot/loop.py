@@ -66,11 +66,15 @@ class PolicyStep:
         self.safety.reset(q0)
         self.goal = np.asarray(q0, dtype=np.float32).copy()
         self.q_prev = self.goal.copy()
+        self.t_last: float | None = None   # s, monotonic: the previous decision (the watchdog's clock)
+        self.t_read: float | None = None   # s, monotonic: when q_prev was read (the speed check's)
         self.last_action = np.zeros(len(self.goal), dtype=np.float32)
 
-    def __call__(self, q: np.ndarray | None, target, fault: str | None = None) -> StepResult:
+    def __call__(self, q: np.ndarray | None, target, fault: str | None = None, now: float | None = None) -> StepResult:
         """q: arm joint angles (rad) read this tick, or None when the read failed. target
-        None: nothing to reach for yet, so the current goal is held (through the clamps)."""
+        None: nothing to reach for yet, so the current goal is held (through the clamps).
+        now: when this tick's read was made (s, monotonic), so the watchdog and the speed
+        check go by the clock; None: exactly one period after the previous tick."""
         fresh = q is not None
         q = self.q_prev if q is None else np.asarray(q, dtype=np.float32)
         goal, action = self.goal, None
@@ -82,26 +86,36 @@ class PolicyStep:
             except PolicyError as e:
                 action, fault = None, str(e)
         # Holding (no target yet) is a valid command: the current goal, kept where it is.
-        decision = self._clamped(goal, q, fresh, target is None or action is not None, action, hold=target is None)
+        decision = self._clamped(goal, q, fresh, target is None or action is not None, action, now,
+                                 hold=target is None)
         return StepResult(decision, action, goal if action is not None else None, fault)
 
-    def toward(self, q: np.ndarray | None, pose: np.ndarray, max_step: float) -> StepResult:
+    def toward(self, q: np.ndarray | None, pose: np.ndarray, max_step: float, now: float | None = None) -> StepResult:
         """Instead of the policy: the goal moves toward `pose` (rad) by at most `max_step`
         this tick, through the same clamps (parking before torque off)."""
         fresh = q is not None
         q = self.q_prev if q is None else np.asarray(q, dtype=np.float32)
         goal = self.goal + np.clip(pose - self.goal, -max_step, max_step)
-        return StepResult(self._clamped(goal, q, fresh, True, None), None, None, None)
+        return StepResult(self._clamped(goal, q, fresh, True, None, now), None, None, None)
 
-    def _clamped(self, goal, q: np.ndarray, fresh: bool, fresh_policy: bool, action, hold: bool = False) -> Decision:
+    def _clamped(self, goal, q: np.ndarray, fresh: bool, fresh_policy: bool, action, now: float | None,
+                 hold: bool = False) -> Decision:
         """The safety layer's decision on `goal`, and the step's state advanced by it."""
-        decision = self.safety.filter(goal, q, fresh, fresh_policy, self.dt, velocity=(q - self.q_prev) / self.dt,
-                                      hold=hold)
+        if now is None:                         # a simulated tick: exactly one period
+            elapsed = span = self.dt
+        else:                                   # by the clock: since the last decision, since the last reading
+            elapsed = self.dt if self.t_last is None else max(now - self.t_last, 1e-6)
+            span = self.dt if self.t_read is None else max(now - self.t_read, 1e-6)
+            self.t_last = now
+        decision = self.safety.filter(goal, q, fresh, fresh_policy, self.dt, elapsed=elapsed,
+                                      velocity=(q - self.q_prev) / span, hold=hold)
         if decision.goal is not None:
             self.goal = decision.goal.astype(np.float32)
             self.last_action = (action if action is not None and decision.kind == COMMAND
                                 else np.zeros_like(self.last_action))
             self.q_prev = q
+            if fresh and now is not None:
+                self.t_read = now
         return decision
 
 
@@ -195,12 +209,12 @@ class ControlLoop:
         self.reading = raw
         park = self.parking
         if park is not None:
-            r = self.step.toward(q, park.pose, park.speed / self.rate)
+            r = self.step.toward(q, park.pose, park.speed / self.rate, now=t0 - self.t0)
             there = np.clip(park.pose, self.safety.lower, self.safety.upper)     # as the clamps allow
             park.done = (q is not None and bool(np.abs(self.step.goal - there).max() < 1e-6)
                          and bool(np.abs(q - self.step.goal).max() < PARKED_WITHIN))
         else:
-            r = self.step(q, target, fault)
+            r = self.step(q, target, fault, now=t0 - self.t0)
         if q is not None and target is not None and r.action is None:
             self.stats.policy_errors += 1
         d = r.decision

@@ -42,9 +42,9 @@ def replay(header: dict, ticks: list[dict], runtime: PolicyRuntime, where: str =
                                               dtype=np.float32)
         target, park = tick["target"], tick.get("park")
         if park:                                   # parking before torque off: no policy
-            r = step.toward(q, np.asarray(park["pose"], dtype=np.float32), park["max_step"])
+            r = step.toward(q, np.asarray(park["pose"], dtype=np.float32), park["max_step"], now=tick["t"])
         else:
-            r = step(q, None if target is None else np.asarray(target, dtype=np.float32))
+            r = step(q, None if target is None else np.asarray(target, dtype=np.float32), now=tick["t"])
         a, b = tick["goal_sent"], r.decision.goal
         events_differing += int("events" in tick and tick["events"] != r.decision.events)
         for e in r.decision.events:

@@ -8,8 +8,9 @@ Pure and bus-free (the control loop feeds it and obeys it), so every rule is tes
 - the change per tick is capped (a rate limit on the goal);
 - a joint measured faster than the velocity cap makes the arm hold where it is (the goal
   moving there at the rate limit);
-- watchdog: no fresh encoder reading or no fresh policy output for `hold_after` ticks ->
-  hold; for `torque_off_after` ticks -> torque off;
+- watchdog: no fresh encoder reading or no fresh policy output for `hold_after` control
+  periods of wall-clock time -> hold; for `torque_off_after` periods -> torque off (by the
+  clock, so a tick that came late because a read blocked counts for the time it took);
 - an error bit (overload, overheat, voltage) or a temperature above the limit in a polled
   servo status -> torque off; `estop()` -> torque off.
 Every rule that fires is counted, and logged as an event.
@@ -37,8 +38,8 @@ class SafetyCfg:
     margin: float = 0.03               # rad kept clear of each limit
     max_step: float = 0.08             # rad per tick a goal may move
     max_velocity: float = 6.0          # rad/s measured, above which the arm holds
-    hold_after: int = 3                # ticks without fresh data before holding
-    torque_off_after: int = 15         # ticks without fresh data before torque off (0.5 s at 30 Hz)
+    hold_after: int = 3                # control periods (wall clock) without fresh data before holding
+    torque_off_after: int = 15         # control periods without fresh data before torque off (0.5 s at 30 Hz)
     max_temperature: int = 65          # deg C
 
     # Physically sensible ranges: a value outside one is a typo or a unit mistake, refused.
@@ -78,7 +79,7 @@ class SafetyLayer:
         if not (self.lower < self.upper).all():
             raise ValueError("safety: the margin leaves no room inside the joint limits")
         self.last: np.ndarray | None = None
-        self.stale = 0
+        self.stale = 0.0                   # control periods since the last fresh data, by the clock
         self.tripped: str | None = None
         self.counters: dict[str, int] = {}
         self.events: deque[str] = deque(maxlen=1000)          # the latest, for logs
@@ -101,28 +102,30 @@ class SafetyLayer:
         a joint inside the margin band is held there and walked out of it at the rate cap
         once the policy commands, never jumped on enable."""
         self.last = np.asarray(measured, dtype=float).copy()
-        self.stale, self.tripped = 0, None
+        self.stale, self.tripped = 0.0, None
 
     def _fire(self, rule: str, out: list[str]) -> None:
         self.counters[rule] = self.counters.get(rule, 0) + 1
         out.append(rule)
 
-    def filter(self, goal, measured, fresh_reading: bool, fresh_policy: bool, dt: float,
-               velocity=None, hold: bool = False) -> Decision:
-        """The goal to send this tick, given the policy's goal and the latest reading. `hold`:
-        no policy goal (no target yet): keep the last goal as it is, even outside the limits'
-        margin, since walking it in would move the arm unasked."""
+    def filter(self, goal, measured, fresh_reading: bool, fresh_policy: bool, period: float, *,
+               elapsed: float | None = None, velocity=None, hold: bool = False) -> Decision:
+        """The goal to send this tick, given the policy's goal and the latest reading.
+        period: the control period (s); elapsed: wall-clock seconds since the previous
+        decision (None: one period). `hold`: no policy goal (no target yet): keep the last
+        goal as it is, even outside the limits' margin, since walking it in would move the
+        arm unasked."""
         events: list[str] = []
         if self.tripped:
             return Decision(TORQUE_OFF, None, [self.tripped])
         fresh = fresh_reading and fresh_policy
-        self.stale = 0 if fresh else self.stale + 1
+        self.stale = 0.0 if fresh else self.stale + (period if elapsed is None else elapsed) / period
         if self.stale >= self.cfg.torque_off_after:
             return self._trip("watchdog_torque_off", events)
         if self.stale >= self.cfg.hold_after:
             self._fire("watchdog_hold", events)
             return self._record(Decision(HOLD, self.last.copy(), events))
-        if not fresh:                              # a single missed tick: keep the last goal
+        if not fresh:                              # a missed tick: keep the last goal
             return self._record(Decision(HOLD, self.last.copy(), events))
         goal = np.asarray(goal, dtype=float)
         if not np.isfinite(goal).all():

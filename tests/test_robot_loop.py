@@ -99,10 +99,10 @@ def test_a_garbage_reading_with_a_valid_checksum_is_a_failed_read(arm):
     loop.start()
     seen, step = [], loop.step
 
-    def recording_step(q, target, fault=None):
+    def recording_step(q, target, fault=None, now=None):
         if q is not None:
             seen.append(np.array(q))
-        return step(q, target, fault)
+        return step(q, target, fault, now=now)
     loop.step = recording_step
     emu.faults = FaultCfg(garbage=0.02, seed=4)
     stats = loop.run(seconds=2.0)

@@ -36,8 +36,8 @@ def test_limits_are_the_models_within_the_calibrated_stops(robot):
     assert s.lower == pytest.approx(expect_lo, abs=2e-3) and s.upper == pytest.approx(expect_hi, abs=2e-3)
 
 
-def step(s, goal, fresh=True, policy=True, velocity=(0.0, 0.0)):
-    return s.filter(np.array(goal), np.zeros(2), fresh, policy, 1 / 30, velocity=np.array(velocity))
+def step(s, goal, fresh=True, policy=True, velocity=(0.0, 0.0), elapsed=None):
+    return s.filter(np.array(goal), np.zeros(2), fresh, policy, 1 / 30, elapsed=elapsed, velocity=np.array(velocity))
 
 
 def test_limits_with_margin_and_rate_limit(layer):
@@ -58,7 +58,7 @@ def test_non_finite_goal_holds_the_last_safe_goal(layer):
 def test_velocity_cap_holds_where_the_arm_is(layer):
     step(layer, [0.05, 0.0])
     step(layer, [0.1, 0.0])
-    d = layer.filter(np.array([0.2, 0.0]), np.array([0.02, 0.0]), True, True, 1 / 30, velocity=np.array([0.0, 7.0]))
+    d = step(layer, [0.2, 0.0], velocity=(0.0, 7.0))
     assert d.kind == HOLD and d.goal.tolist() == pytest.approx([0.05, 0.0])    # towards the arm, rate-limited
     assert layer.counters["velocity_cap"] == 1
 
@@ -69,6 +69,20 @@ def test_watchdog_hold_then_torque_off_and_stays_off(layer):
     assert step(layer, [0.0, 0.0]).kind == TORQUE_OFF                # latched until reset
     layer.reset([0.0, 0.0])
     assert step(layer, [0.01, 0.0]).kind == COMMAND
+
+
+def test_the_watchdog_goes_by_the_clock_not_by_ticks(layer):
+    """A tick that came late (a read blocked) counts for the time it took: one stale tick
+    4.5 periods after the last is past torque_off_after (4), one 2.5 periods late holds."""
+    step(layer, [0.02, 0.0])
+    d = step(layer, [0.0, 0.0], fresh=False, elapsed=2.5 / 30)
+    assert d.kind == HOLD and d.events == ["watchdog_hold"]
+    assert step(layer, [0.0, 0.0], fresh=False, elapsed=2.0 / 30).kind == TORQUE_OFF
+    layer.reset([0.0, 0.0])
+    assert step(layer, [0.0, 0.0], fresh=False, elapsed=4.5 / 30).kind == TORQUE_OFF
+    assert layer.tripped == "watchdog_torque_off"
+    layer.reset([0.0, 0.0])
+    assert step(layer, [0.01, 0.0], elapsed=10 / 30).kind == COMMAND        # late but fresh: no fault
 
 
 def test_fresh_data_resets_the_watchdog(layer):
