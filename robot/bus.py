@@ -283,21 +283,23 @@ class FeetechBus:
                 ok = False
         return ok
 
-    def broadcast_torque_off(self) -> None:
+    def broadcast_torque_off(self) -> float | None:
         """One broadcast WRITE of Torque_Enable = 0: every servo acts on it at once and none
         replies. The one call any thread may make while the bus thread is busy (an e-stop
-        must not wait behind a blocked read). Never raises."""
+        must not wait behind a blocked read). Returns when it went out (perf_counter), None
+        on a dead port. Never raises."""
         import scservo_sdk as scs
 
         port = self.port
         if port is None:
-            return
+            return None
         body = [scs.BROADCAST_ID, 4, scs.INST_WRITE, ct.STS3215["Torque_Enable"].address, 0]
         try:
             port.writePort(bytes([0xFF, 0xFF, *body, ~sum(body) & 0xFF]))
-            self.torque_off_sent_at = time.perf_counter()
         except Exception:  # noqa: BLE001 - a dead port; the caller's confirmations report it
-            pass
+            return None
+        self.torque_off_sent_at = time.perf_counter()
+        return self.torque_off_sent_at
 
     # ------------------------------------------------------------ plumbing
     def _call(self, fn, *args) -> tuple[object, bool]:

@@ -88,6 +88,7 @@ class _Request:
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False
     message: str = ""
+    sent: float | None = None           # e-stop: when the requester's broadcast torque off went out
 
 
 class ReachDriver:
@@ -142,7 +143,7 @@ class ReachDriver:
         # The bus thread then confirms servo by servo.
         r = _Request("estop")
         self.safety.estop()
-        self.bus.broadcast_torque_off()
+        r.sent = self.bus.broadcast_torque_off()
         return self._request(r, timeout)
 
     def set_target(self, xyz, frame: str | None = None) -> np.ndarray:
@@ -300,14 +301,10 @@ class ReachDriver:
         r.ok, r.message = True, "disabled" if was else "already disabled"
 
     def _estop(self, r: _Request) -> None:
-        # The safety layer tripped at the request, so a tick in progress may already have sent
-        # the broadcast torque off: the latency runs to the first broadcast after the request.
-        sent = self.bus.torque_off_sent_at
-        already = sent is not None and sent >= r.t
-        self.loop.estop()                           # broadcast torque off, then each servo confirms
+        self.loop.estop()                           # broadcast torque off again, then each servo confirms
         self._close_log()
-        first = sent if already else (self.bus.torque_off_sent_at or time.perf_counter())
-        self.estop_latency_ms = (first - r.t) * 1e3
+        sent = r.sent if r.sent is not None else self.bus.torque_off_sent_at    # a dead port: none went out
+        self.estop_latency_ms = ((sent or time.perf_counter()) - r.t) * 1e3
         self._set(FAULT, "e-stop: torque off; enable to resume", "warn")
         r.ok, r.message = True, f"e-stop: torque off {self.estop_latency_ms:.1f} ms after the request"
 
