@@ -5,6 +5,7 @@
     soarm evaluate     accuracy of a reach policy (ONNX, checkpoint or scripted) in the embedded sim
     soarm emulate      a simulated SO-101 servo bus on a pseudo-terminal, for the Feetech SDK
     soarm calibrate    LeRobot's SO-101 calibration on the arm (writes the servos' EEPROM and a JSON file)
+    soarm run          a policy on the arm without ROS: enable, reach for targets, park
     soarm replay       an encoder log through observation + policy + safety, against what was sent
     soarm transfer     a policy as on the arm, on plants other than its training plant (MuJoCo included)
     soarm servo-fit    fit the servo model and the PD baseline on real bench logs
@@ -296,6 +297,17 @@ def _report(logs, fits, plot) -> int:
     return 1 if worse else 0
 
 
+def _run(args) -> int:
+    from soarm.robot.driver import DriverCfg
+    from soarm.robot.run import run
+
+    cfg = DriverCfg(port=args.port, policy=str(args.policy), calibration=str(args.calibration),
+                    log_dir=str(args.log_dir or ""))
+    report = run(cfg, args.target, args.hold)
+    print(f"soarm run: {report.summary()}")
+    return 1 if report.fault else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="soarm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -364,6 +376,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", required=True, help="serial port of the servo adapter, e.g. /dev/ttyACM0")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "configs" / "calibration" / "so101.json")
     p.set_defaults(fn=_calibrate)
+
+    p = sub.add_parser("run", help="a policy on the arm without ROS: enable, reach for targets, park")
+    p.add_argument("--port", required=True, help="serial port of the servo adapter, e.g. /dev/ttyACM0")
+    p.add_argument("--policy", type=Path, required=True, help="exported policy (.onnx)")
+    p.add_argument("--calibration", type=Path, required=True, help="LeRobot calibration JSON")
+    p.add_argument("--target", type=float, nargs=3, action="append", required=True, metavar=("X", "Y", "Z"),
+                   help="fingertip target in the base frame, m; repeat for a sequence")
+    p.add_argument("--hold", type=float, default=3.0, help="seconds per target")
+    p.add_argument("--log-dir", type=Path, default=None, help="write an MCAP encoder log of the run here")
+    p.set_defaults(fn=_run)
 
     p = sub.add_parser("replay", help="re-run an encoder log through observation, policy and safety")
     p.add_argument("log", type=Path, help="encoder log (.mcap) or a BAM servo log (.json)")

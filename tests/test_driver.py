@@ -189,3 +189,37 @@ def test_estop_under_line_noise_is_immediate(emulated, tiny_policy):
     finally:
         emu.faults = FaultCfg()
         driver.close()
+
+
+def test_soarm_run_reaches_then_parks_with_torque_off(emulated, tmp_path):
+    """`soarm run` (no ROS): targets checked before anything moves, progress printed, the arm
+    parked and torque off at the end, a summary line."""
+    from soarm import REPO_ROOT
+    from soarm.export.runtime import PolicyError
+    from soarm.robot.run import run
+
+    emu, cal = emulated
+    cfg = DriverCfg(port=emu.port, policy=str(REPO_ROOT / "data" / "policies" / "reach.onnx"), calibration=cal)
+    with pytest.raises(PolicyError, match="outside the trained workspace"):
+        run(cfg, [[0.22, 0.0, 0.15], [2.0, 0.0, 0.15]], 1.0, out=lambda line: None)
+    assert not any(emu.torque_enabled())                      # refused before enabling
+    lines = []
+    report = run(cfg, [[0.22, 0.05, 0.15]], 4.0, out=lines.append)
+    assert not report.fault, report.fault
+    assert any("fingertip error" in line for line in lines), lines
+    assert report.errors_m[0] < 0.5 * report.start_errors_m[0], report     # it reached toward the target
+    assert not any(emu.torque_enabled()) and "parked, torque off" in report.summary()
+
+
+def test_soarm_run_without_the_adapter_is_one_line(tmp_path, capsys):
+    import json
+
+    from soarm import REPO_ROOT
+    from soarm.cli import main
+    from tests.reference.lerobot_calibration import LEROBOT_SO101
+
+    (tmp_path / "cal.json").write_text(json.dumps(LEROBOT_SO101))
+    rc = main(["run", "--port", str(tmp_path / "ttyACM9"), "--policy", str(REPO_ROOT / "data" / "policies" / "reach.onnx"),
+               "--calibration", str(tmp_path / "cal.json"), "--target", "0.22", "0.0", "0.15"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "no such serial port" in err[0], err
