@@ -137,7 +137,7 @@ class ArmDynamics:
         return (cols * self.ancestor[body][:, None, None]).permute(2, 1, 0)
 
     # ------------------------------------------------------------- dynamics
-    def _bodies(self, R, p, mass_scale):
+    def _bodies(self, R, p, mass_scale, payload):
         """COMs [J,3,N], world inertias [J,3,3,N] and masses [J,N]."""
         c = p + _matvec(R, self._com)
         Iw = _matmul(_matmul(R, self._inertia), _transpose(R))
@@ -145,22 +145,47 @@ class ArmDynamics:
         if mass_scale is not None:
             m = m * mass_scale.T
             Iw = Iw * mass_scale.T[:, None, None]
+        if payload is not None:
+            c, Iw, m = self._with_payload(R, p, c, Iw, m, payload[:, 0])
         return c, Iw, m
 
-    def mass_matrix(self, q: torch.Tensor, mass_scale: torch.Tensor | None = None) -> torch.Tensor:
-        """Joint-space inertia [N,J,J] (composite rigid bodies, closed form)."""
-        return self.mass_and_bias(q, None, mass_scale)[0]
+    def _with_payload(self, R, p, c, Iw, m, mp):
+        """A point mass mp [N] (kg) at the fingertip folded into the fingertip body: mass,
+        centre of mass, and inertia about the new centre by the parallel-axis theorem."""
+        b = self.tip_body
+        x = p[b] + _matvec(R[b], self.tip_xyz)                   # [3,N]
+        mb = m[b]
+        total = mb + mp
+        cb = (mb * c[b] + mp * x) / total
 
-    def bias(self, q: torch.Tensor, qd: torch.Tensor, mass_scale: torch.Tensor | None = None) -> torch.Tensor:
+        def about(mass, r):                                       # inertia of a point mass at offset r
+            eye = torch.eye(3, device=r.device, dtype=r.dtype)[:, :, None]
+            return mass * ((r * r).sum(0) * eye - r[:, None] * r[None, :])
+        Ib = Iw[b] + about(mb, c[b] - cb) + about(mp, x - cb)
+        is_b = torch.arange(self.J, device=m.device) == b
+        m = torch.where(is_b[:, None], total, m)
+        c = torch.where(is_b[:, None, None], cb, c)
+        Iw = torch.where(is_b[:, None, None, None], Ib, Iw)
+        return c, Iw, m
+
+    def mass_matrix(self, q: torch.Tensor, mass_scale: torch.Tensor | None = None,
+                    payload: torch.Tensor | None = None) -> torch.Tensor:
+        """Joint-space inertia [N,J,J] (composite rigid bodies, closed form)."""
+        return self.mass_and_bias(q, None, mass_scale, payload)[0]
+
+    def bias(self, q: torch.Tensor, qd: torch.Tensor, mass_scale: torch.Tensor | None = None,
+             payload: torch.Tensor | None = None) -> torch.Tensor:
         """Generalized bias forces [N,J]: Coriolis, centrifugal and gravity (Newton-Euler, qdd = 0)."""
         R, p = self._frames(q)
-        return self._bias(R, p, *self._bodies(R, p, mass_scale), qd)
+        return self._bias(R, p, *self._bodies(R, p, mass_scale, payload), qd)
 
-    def mass_and_bias(self, q: torch.Tensor, qd: torch.Tensor | None,
-                      mass_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """M(q) [N,J,J] and, when qd is given, the bias [N,J], sharing one kinematics pass."""
+    def mass_and_bias(self, q: torch.Tensor, qd: torch.Tensor | None, mass_scale: torch.Tensor | None = None,
+                      payload: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """M(q) [N,J,J] and, when qd is given, the bias [N,J], sharing one kinematics pass.
+        `mass_scale` [N,J] multiplies each link's mass and inertia; `payload` [N,1] (kg) is a
+        point mass held at the fingertip."""
         R, p = self._frames(q)
-        bodies = self._bodies(R, p, mass_scale)
+        bodies = self._bodies(R, p, mass_scale, payload)
         return self._mass(R, p, *bodies), (None if qd is None else self._bias(R, p, *bodies, qd))
 
     def _mass(self, R, p, c, Iw, m) -> torch.Tensor:

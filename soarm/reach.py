@@ -100,15 +100,30 @@ class RandomizationCfg:
     encoder_offset_ticks: int = 3               # uniform integer calibration error, +-ticks
     latency_ticks: tuple[int, int] = (0, 1)     # control ticks an env's goals reach the servos late, uniform
     backlash_deg: tuple[float, float] = (0.0, 0.0)   # free play of each gearbox, uniform
+    payload_kg: tuple[float, float] = (0.0, 0.0)     # point mass held at the fingertip, uniform
     start_noise: float = 0.15                   # rad around home at episode start
+    # A share of the arms driven by ideal position actuators (soarm.sim.implicit_pd: MuJoCo's
+    # `position`, Isaac Lab's implicit actuator), as the published models of this arm are,
+    # instead of the STS3215 model; one drive per arm, the same on every joint. Its damping
+    # c = 2 * ratio * sqrt(kp * armature) is split between the actuator (kv, inside the force
+    # limit: a stiff, fast servo) and the joint (outside it: a slow, rate-limited one).
+    pd_share: float = 0.0
+    pd_kp: tuple[float, float] = (5.0, 1000.0)          # N m/rad, log-uniform
+    pd_damping_ratio: tuple[float, float] = (0.2, 0.8)  # uniform
+    pd_kv_share: tuple[float, float] = (0.0, 1.0)       # of c inside the force limit, uniform
+    pd_force: tuple[float, float] = (2.5, 4.0)          # N m, uniform
 
     def validate(self) -> None:
-        for name in ("gain_scale", "friction_scale", "mass_scale", "latency_ticks", "backlash_deg"):
+        for name in ("gain_scale", "friction_scale", "mass_scale", "latency_ticks", "backlash_deg", "payload_kg",
+                     "pd_kp", "pd_damping_ratio", "pd_kv_share", "pd_force"):
             lo, hi = getattr(self, name)
             if not 0 <= lo <= hi:
                 raise ValueError(f"randomization.{name}: need [low, high] with 0 <= low <= high, got {[lo, hi]}")
-        if not self.gain_scale[0] > 0:
-            raise ValueError("randomization.gain_scale: must be positive (it is drawn log-uniform)")
+        for name in ("gain_scale", "pd_kp"):
+            if not getattr(self, name)[0] > 0:
+                raise ValueError(f"randomization.{name}: must be positive (it is drawn log-uniform)")
+        if not 0 <= self.pd_share <= 1 or self.pd_kv_share[1] > 1:
+            raise ValueError("randomization.pd_share/pd_kv_share: shares must lie in [0, 1]")
         if self.encoder_offset_ticks < 0 or self.start_noise < 0:
             raise ValueError("randomization.encoder_offset_ticks/start_noise: must not be negative")
 
@@ -299,14 +314,23 @@ def log_uniform(gen: torch.Generator, shape, bounds: tuple[float, float], device
 def draw_physics(gen: torch.Generator, cfg: RandomizationCfg, servo, n: int, J: int, device,
                  dtype=torch.float32) -> dict[str, torch.Tensor]:
     """One draw of the randomized physical parameters (soarm.sim.Physics fields) for n arms,
-    around the servo's identified friction."""
+    around the servo's identified friction and armature."""
     rnd = lambda bounds: uniform(gen, (n, J), bounds, device, dtype)  # noqa: E731
-    return {"gain_scale": log_uniform(gen, (n, J), cfg.gain_scale, device, dtype),
-            "coulomb": servo.friction_coulomb * rnd(cfg.friction_scale),
-            "viscous": servo.friction_viscous * rnd(cfg.friction_scale),
-            "mass_scale": rnd(cfg.mass_scale),
-            "encoder_offset": tick_offsets(gen, (n, J), cfg.encoder_offset_ticks, device, dtype),
-            "backlash": rnd(tuple(math.radians(b) for b in cfg.backlash_deg))}
+    per_arm = lambda x: x.expand(n, J)                                # noqa: E731
+    drawn = {"gain_scale": log_uniform(gen, (n, J), cfg.gain_scale, device, dtype),
+             "coulomb": servo.friction_coulomb * rnd(cfg.friction_scale),
+             "viscous": servo.friction_viscous * rnd(cfg.friction_scale),
+             "mass_scale": rnd(cfg.mass_scale),
+             "encoder_offset": tick_offsets(gen, (n, J), cfg.encoder_offset_ticks, device, dtype),
+             "backlash": rnd(tuple(math.radians(b) for b in cfg.backlash_deg)),
+             "payload": uniform(gen, (n, 1), cfg.payload_kg, device, dtype)}
+    kp = log_uniform(gen, (n, 1), cfg.pd_kp, device, dtype)
+    c = 2 * uniform(gen, (n, 1), cfg.pd_damping_ratio, device, dtype) * torch.sqrt(kp * servo.armature)
+    inside = uniform(gen, (n, 1), cfg.pd_kv_share, device, dtype)
+    drawn.update(pd=per_arm(uniform(gen, (n, 1), (0.0, 1.0), device, dtype) < cfg.pd_share),
+                 pd_kp=per_arm(kp), pd_kv=per_arm(inside * c), pd_damping=per_arm((1 - inside) * c),
+                 pd_force=per_arm(uniform(gen, (n, 1), cfg.pd_force, device, dtype)))
+    return drawn
 
 
 def draw_latency(gen: torch.Generator, cfg: RandomizationCfg, n: int, device) -> torch.Tensor:

@@ -19,22 +19,49 @@ from soarm.servo import ServoParams, ServoRegisters, ServoState, integrate, quan
 
 @dataclass
 class Physics:
-    """Per-environment physical parameters; tensors [N, J] (or [N, J] for link masses)."""
+    """Per-environment physical parameters; tensors [N, J] unless noted."""
     mass_scale: torch.Tensor        # link mass (and inertia) multiplier
     gain_scale: torch.Tensor        # firmware loop gain multiplier (unit-to-unit spread)
     coulomb: torch.Tensor           # N m
     viscous: torch.Tensor           # N m s / rad
     encoder_offset: torch.Tensor    # rad, whole ticks: calibration error of each joint
     backlash: torch.Tensor          # rad of free play in each gearbox (modelled where ArmSim.gear_play)
+    payload: torch.Tensor           # [N, 1] kg held at the fingertip (modelled where ArmSim.carries_payload)
+    # Joints driven by an ideal position actuator instead of the servo model (where ArmSim.pd_drives):
+    pd: torch.Tensor                # bool: this joint's drive is the PD below
+    pd_kp: torch.Tensor             # N m / rad
+    pd_kv: torch.Tensor             # N m s / rad, inside the force limit (MuJoCo's kv)
+    pd_force: torch.Tensor          # N m, the force limit
+    pd_damping: torch.Tensor        # N m s / rad, joint damping outside the actuator
+
+
+def implicit_pd(goal: torch.Tensor, q: torch.Tensor, qd: torch.Tensor, ph: Physics, dt: float,
+                enabled: torch.Tensor | bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """An ideal position actuator, tau = clip(kp (goal - q) - kv qd, +-force) - damping qd, as
+    MuJoCo's `position` actuator and Isaac Lab's implicit actuator model published arms.
+
+    Stiffness and damping act on the state at the end of the step (kp up to ~1000 N m/rad
+    on a 0.03 kg m^2 rotor is unstable explicitly at our step): returns (torque at the
+    start of the step with the position term advanced by dt*qd, the diagonal inertia
+    dt^2 kp + dt (kv + damping) that `integrate` adds to M for the rest). A saturated
+    actuator has no stiffness; a disabled one leaves only the joint damping."""
+    tau = ph.pd_kp * (goal - q - dt * qd) - ph.pd_kv * qd
+    live = (tau.abs() <= ph.pd_force) & enabled
+    tau = torch.clamp(tau, -ph.pd_force, ph.pd_force) * enabled - ph.pd_damping * qd
+    return tau, torch.where(live, dt * dt * ph.pd_kp + dt * ph.pd_kv, 0.0) + dt * ph.pd_damping
 
 
 class ArmSim:
     def __init__(self, robot: RobotDescription, servo: ServoParams, registers: ServoRegisters,
                  num_envs: int, dt: float, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, backlash: float = 0.0):
+                 dtype: torch.dtype = torch.float32, backlash: float = 0.0, pd_drives: bool = False,
+                 carries_payload: bool = False):
         """`backlash`: rad of free play in each servo's gearbox, see `_gear_play`. Any value
         above 0 switches the gear-play model on (`gear_play`) for the sim's lifetime; the
-        per-environment play is then `physics.backlash`, which randomization may redraw."""
+        per-environment play is then `physics.backlash`, which randomization may redraw.
+        `pd_drives` and `carries_payload` switch on the per-environment PD actuators
+        (`implicit_pd`, where `physics.pd`) and fingertip payloads (`physics.payload`); the
+        switches keep the physics step free of what a sim never uses."""
         self.robot, self.servo, self.registers = robot, servo, registers
         self.N, self.dt = num_envs, dt
         self.dyn = ArmDynamics(robot, device, dtype)
@@ -49,10 +76,15 @@ class ArmSim:
         self.enabled = torch.ones(num_envs, J, dtype=torch.bool, device=self.dyn.device)   # torque on
         self.armature = torch.eye(J, **kw) * servo.armature
         ones = torch.ones(num_envs, J, **kw)
+        zeros = torch.zeros_like(ones)
         self.physics = Physics(mass_scale=ones.clone(), gain_scale=ones.clone(),
                                coulomb=ones * servo.friction_coulomb, viscous=ones * servo.friction_viscous,
-                               encoder_offset=torch.zeros_like(ones), backlash=ones * backlash)
+                               encoder_offset=zeros.clone(), backlash=ones * backlash,
+                               payload=torch.zeros(num_envs, 1, **kw), pd=torch.zeros_like(ones, dtype=torch.bool),
+                               pd_kp=zeros.clone(), pd_kv=zeros.clone(), pd_force=zeros.clone(),
+                               pd_damping=zeros.clone())
         self.gear_play = backlash > 0
+        self.pd_drives, self.carries_payload = pd_drives, carries_payload
         self.slack = torch.zeros_like(ones)          # motor side minus output side, |slack| <= backlash / 2
         self.motor_vel = torch.zeros_like(ones)
 
@@ -111,17 +143,26 @@ class ArmSim:
         params = dataclasses.replace(self.servo, friction_viscous=ph.viscous, friction_coulomb=ph.coulomb)
         tau, coulomb = servo_torque(self.firmware, self.goal, self.measured(), self.qd, params,
                                     self.registers, self.dt, gain_scale=ph.gain_scale, enabled=self.enabled)
-        M, bias = self.dyn.mass_and_bias(self.q, self.qd, ph.mass_scale)
+        stiffness = torch.zeros_like(tau)          # the drives' implicit part, as diagonal inertia
+        if self.pd_drives:
+            pd_tau, pd_stiffness = implicit_pd(self.goal, self.q, self.qd, ph, self.dt, self.enabled)
+            tau = torch.where(ph.pd, pd_tau, tau)
+            coulomb = torch.where(ph.pd, ph.coulomb, coulomb)
+            stiffness = torch.where(ph.pd, pd_stiffness, stiffness)
+        M, bias = self.dyn.mass_and_bias(self.q, self.qd, ph.mass_scale,
+                                         ph.payload if self.carries_payload else None)
         if self.gear_play:
-            q, qd = self._gear_play(M, bias, tau, coulomb)
+            q, qd = self._gear_play(M, bias, tau, coulomb, stiffness)
         else:
-            q, qd = integrate(self.q, self.qd, M + self.armature, tau - bias, coulomb, self.dt)
+            M = M + self.armature + torch.diag_embed(stiffness)
+            q, qd = integrate(self.q, self.qd, M, tau - bias, coulomb, self.dt)
         # Hard stops at the joint limits: the joint stops there.
         hit = (q < self.lower) | (q > self.upper)
         self.q = torch.clamp(q, self.lower, self.upper)
         self.qd = torch.where(hit, 0.0, qd)
 
-    def _gear_play(self, M: torch.Tensor, bias: torch.Tensor, tau: torch.Tensor, coulomb: torch.Tensor):
+    def _gear_play(self, M: torch.Tensor, bias: torch.Tensor, tau: torch.Tensor, coulomb: torch.Tensor,
+                   stiffness: torch.Tensor):
         """One step with backlash between motor and output (the encoder reads the output shaft).
 
         A joint is engaged while its slack sits at the end of the gap that the drive torque
@@ -131,7 +172,8 @@ class ArmSim:
         where the two meet in an inelastic impact (momentum kept, joint inertia M_jj).
         """
         half, eps, dt = self.physics.backlash / 2, 1e-6, self.dt
-        rotor = self.armature.diagonal()
+        rotor_inertia = self.armature.diagonal()
+        rotor = rotor_inertia + stiffness                 # the drive's implicit part acts on the rotor
         engaged = ((self.slack >= half - eps) & (tau >= 0)) | ((self.slack <= -half + eps) & (tau <= 0))
         drive = torch.where(engaged, tau, 0.0)
         inertia = M + torch.diag_embed(torch.where(engaged, rotor, 0.0))
@@ -143,7 +185,7 @@ class ArmSim:
         slack = torch.where(engaged, self.slack, self.slack + dt * (motor_vel - qd))
         hit = slack.abs() > half
         Mjj = M.diagonal(dim1=-2, dim2=-1)
-        merged = (rotor * motor_vel + Mjj * qd) / (rotor + Mjj)
+        merged = (rotor_inertia * motor_vel + Mjj * qd) / (rotor_inertia + Mjj)
         self.slack = torch.clamp(slack, -half, half)
         self.motor_vel = torch.where(hit, merged, motor_vel)
         return q, torch.where(hit, merged, qd)

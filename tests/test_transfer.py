@@ -45,6 +45,23 @@ def test_same_targets_and_seed_give_the_same_figures():
     assert a["plants"]["calibration_10ticks"]["errors_m"] == b["plants"]["calibration_10ticks"]["errors_m"]
 
 
+def test_rows_are_judged_against_their_bounds():
+    from soarm.robot.transfer import judge, summary
+
+    def row(mean, sensed, clear=1.0):
+        return {"mean_error_m": mean, "sensed_mean_error_m": sensed, "clear_of_limits": clear}
+    rows = {"nominal": row(2.0, 2.0), "mujoco": row(2.7, 2.7), "latency_2": row(2.9, 2.9),
+            "calibration_10ticks": row(6.0, 2.2), "friction_x2": row(2.2, 2.2, clear=0.98)}
+    judge(rows)
+    assert rows["mujoco"]["bound"] == 1.3 and not rows["mujoco"]["holds"]          # 1.35x
+    assert rows["latency_2"]["holds"]                                              # 1.45x of 1.5x
+    cal = rows["calibration_10ticks"]                                              # the offsets are invisible
+    assert cal["ratio_to_nominal"] == 3.0 and cal["judged_ratio"] == pytest.approx(1.1) and cal["holds"]
+    assert not rows["friction_x2"]["holds"]                                        # posture: 98 % clear
+    line = summary({"plants": rows})
+    assert line.startswith("3/5 plants within bounds") and "mujoco 1.35x" in line and "friction_x2" in line
+
+
 def test_mujoco_actuator_scale_scales_stiffness_and_damping():
     pytest.importorskip("mujoco")
     from soarm.mujoco_arm import load_model
@@ -95,3 +112,48 @@ def test_backlash_lets_the_output_wander_within_the_gap(robot):
     # where it ends without play, but not at the same place.
     assert (play - none).abs().max() <= gap + 4 * 2 * math.pi / 4096
     assert (play - none).abs().max() > 2 * math.pi / 4096
+
+
+def test_batched_payload_is_the_folded_one(robot):
+    """The per-environment payload the training draws (ArmDynamics `payload`) gives the very
+    M and bias of the description with the mass folded in (the transfer suite's payload row)."""
+    from soarm.dynamics import ArmDynamics
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.rand(8, 6, generator=gen, dtype=torch.float64) * 2 - 1
+    qd = torch.rand(8, 6, generator=gen, dtype=torch.float64) * 4 - 2
+    batched = ArmDynamics(robot, dtype=torch.float64).mass_and_bias(q, qd, None, torch.full((8, 1), 0.1,
+                                                                                              dtype=torch.float64))
+    folded = ArmDynamics(with_payload(robot, 0.1), dtype=torch.float64).mass_and_bias(q, qd)
+    assert torch.allclose(batched[0], folded[0], atol=1e-12) and torch.allclose(batched[1], folded[1], atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1.0, 50.0])
+def test_pd_drive_follows_mujocos_position_actuator(robot, scale):
+    """ArmSim's ideal PD drive (the training's published-model share) set to the published
+    MJCF's actuator, kp x1 and x50, follows MuJoCo's own trajectory of a goal step, at the
+    training's physics step (MuJoCo runs its 2 ms): implicit, stable at kp 890."""
+    from soarm import CONFIG_DIR, config
+    from soarm.mujoco_arm import MujocoArm
+    from soarm.servo import ServoConfig
+    from soarm.sim import ArmSim
+
+    servo = config.load(ServoConfig, CONFIG_DIR / "servo" / "sts3215_7v4.yaml")
+    sim = ArmSim(robot, servo.params, servo.registers, 1, 0.0056, dtype=torch.float64, pd_drives=True)
+    ph = sim.physics
+    ph.pd[:], ph.pd_kp[:], ph.pd_kv[:] = True, 17.8 * scale, 0.0
+    ph.pd_damping[:], ph.pd_force[:], ph.coulomb[:] = 0.60 * math.sqrt(scale), 3.35, 0.052
+    mj = MujocoArm(robot, 1, actuator_scale=scale)
+    home = full_pose(sim.dyn, torch.as_tensor(robot.home, dtype=torch.float64)[None])
+    mj.reset(home.numpy())
+    sim.reset(torch.ones(1, dtype=torch.bool), home)
+    goal = home.clone()
+    goal[0, 1:4] += torch.tensor([0.3, -0.3, 0.2], dtype=torch.float64)
+    worst = 0.0
+    for _ in range(60):                                   # 2 s at 30 Hz
+        mj.step(goal.numpy(), 1 / 30)
+        with torch.no_grad():
+            sim.step(goal, 6)
+        worst = max(worst, float(np.abs(mj.q - sim.q.numpy()).max()))
+    assert np.abs(sim.q.numpy() - goal.numpy())[0, 1:4].max() < 0.03          # it moved the 0.2-0.3 rad
+    assert worst < 0.03, f"ArmSim's PD left MuJoCo's trajectory by {worst:.4f} rad"

@@ -43,7 +43,8 @@ class ReachEnv:
         servo, registers = servo_cfg.params, servo_cfg.registers
         rand = cfg.randomization
         self.sim = ArmSim(self.robot, servo, registers, num_envs, dt=1.0 / (cfg.control_hz * cfg.substeps),
-                          device=device, backlash=math.radians(rand.backlash_deg[1]))
+                          device=device, backlash=math.radians(rand.backlash_deg[1]),
+                          pd_drives=rand.pd_share > 0, carries_payload=rand.payload_kg[1] > 0)
         self.dyn = self.sim.dyn
         self.gen = torch.Generator().manual_seed(seed)
         self.num_obs, self.num_actions = OBS_DIM, ACTION_DIM

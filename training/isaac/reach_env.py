@@ -4,8 +4,9 @@ The task is soarm/reach.py's, function for function, as in the embedded simulato
 (training/env.py): targets from `sample_targets`, observations from `observe`, actions to
 goals by `action_to_goal` (relative joint targets), `rewards`, `terminations`, and the same
 domain randomization draws (`draw_physics`, `draw_latency`, `uniform`) of servo gain,
-friction, encoder offsets, link masses and goal latency; the drawn gearbox backlash is not
-applied (the Isaac actuator has no gear play). Newton integrates the rigid bodies; the servo
+friction, encoder offsets, link masses and goal latency; the drawn gearbox backlash, fingertip
+payload and ideal-PD share are not applied (the Isaac actuator has no gear play, and every
+joint runs the servo model). Newton integrates the rigid bodies; the servo
 actuator (actuator.py) computes every joint torque.
 
 Observations and the fingertip come from our own kinematics (soarm/dynamics.py) of the
