@@ -174,6 +174,36 @@ def calibrate(bus, names: list[str], confirm, sweep_done, full_turn: tuple[str, 
     return cal
 
 
+def calibrate_on_port(port: str, out: str | Path, ask=input) -> dict[str, MotorCalibration]:
+    """`soarm calibrate`: the procedure with a person at the arm, who answers `ask` prompts
+    (Enter) when each step is done; the servos' torque is off at the end whatever happens.
+    Writes `out` (LeRobot's format, atomically) and returns the calibration."""
+    import threading
+
+    from soarm.description import load_robot
+    from soarm.robot.bus import FeetechBus
+
+    names = list(load_robot().names)
+    bus = FeetechBus(port, {n: i + 1 for i, n in enumerate(names)})
+    bus.connect()
+    done = threading.Event()
+    # The sweep polls the encoders until the operator presses Enter, read on its own thread.
+    waiter = threading.Thread(target=lambda: (ask("[Enter] when done "), done.set()), daemon=True)
+
+    def sweep_done() -> bool:
+        if not waiter.is_alive() and not done.is_set():
+            waiter.start()               # first poll: the sweep has begun, wait for Enter
+        return done.is_set()
+
+    try:
+        cal = calibrate(bus, names, lambda message: ask(f"{message} [Enter] "), sweep_done)
+    finally:
+        bus.torque_off()
+        bus.close()
+    save(cal, out)
+    return cal
+
+
 def calibrate_emulated(emu, bus, robot):
     """The procedure on an emulated arm (robot/emulator.py), the operator's moves scripted:
     the middle pose, then each joint to half and full travel both ways."""

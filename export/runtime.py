@@ -24,7 +24,7 @@ import torch
 from soarm import contract
 from soarm.description import RobotDescription, load_robot
 from soarm.dynamics import ArmDynamics
-from soarm.reach import OBS_TERMS, CommandCfg, action_to_goal, in_region, observe
+from soarm.reach import OBS_SLICES, CommandCfg, action_to_goal, in_region, observe
 
 
 class PolicyError(ValueError):
@@ -139,9 +139,4 @@ class PolicyRuntime:
 
 def _terms(bad: np.ndarray) -> list[str]:
     cols = bad.any(axis=0)
-    names, i = [], 0
-    for name, n, _ in OBS_TERMS:
-        if cols[i:i + n].any():
-            names.append(name)
-        i += n
-    return names
+    return [name for name, cols_of in OBS_SLICES.items() if cols[cols_of].any()]

@@ -58,41 +58,15 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     import torch
 
-    from soarm import config
-    from soarm.reach import ReachCfg
+    from soarm.export import policies
     from soarm.training.evaluate import evaluate, summary, write_report
 
     torch.set_num_threads(args.threads)
-    if args.policy == "scripted":
-        from soarm.description import load_robot
-        from soarm.dynamics import ArmDynamics
-        from soarm.training.scripted import ScriptedReach
-
-        cfg = config.load(ReachCfg, args.task or CONFIG_DIR / "task" / "reach.yaml")
-        policy = ScriptedReach(ArmDynamics(load_robot()), cfg.action_scale, cfg.action_clip)
-        name = "the scripted controller"
-    elif str(args.policy).endswith(".onnx"):
-        import dataclasses
-
-        from soarm.export.runtime import PolicyRuntime
-
-        policy = PolicyRuntime(args.policy)
-        cfg = config.load(ReachCfg, args.task or CONFIG_DIR / "task" / "reach.yaml")
-        # The file's own contract decides how its actions drive the arm.
-        cfg = dataclasses.replace(cfg, action_scale=policy.scale, action_clip=policy.clip,
-                                  control_hz=policy.control_hz)
-        name = f"{args.policy} (onnxruntime)"
-    else:
-        from soarm.training import checkpoint
-
-        state = checkpoint.load(args.policy)
-        cfg = config.load(ReachCfg, args.task) if args.task else checkpoint.task_cfg(state)
-        policy = checkpoint.build_model(state).act_deterministic
-        name = f"{state['path']} (iteration {state['iteration']})"
-    print(f"evaluating {name} on {args.targets} targets")
+    policy = policies.load(args.policy, args.task)
+    print(f"evaluating {policy.name} on {args.targets} targets")
     t0 = time.time()
     with torch.no_grad():
-        result = evaluate(policy, cfg, targets=args.targets, seed=args.seed)
+        result = evaluate(policy.act, policy.task, targets=args.targets, seed=args.seed)
     result["policy"] = str(args.policy)
     write_report(result, args.out)
     print(f"{summary(result)}  [{time.time() - t0:.1f} s, report {args.out}]")
@@ -184,34 +158,9 @@ def _self_calibrate(emu, out: Path) -> None:
 
 
 def _calibrate(args) -> int:
-    import threading
-
     from soarm.calibration import calibration
-    from soarm.description import load_robot
-    from soarm.robot.bus import FeetechBus
 
-    robot = load_robot()
-    names = list(robot.names)
-    bus = FeetechBus(str(args.port), {n: i + 1 for i, n in enumerate(names)})
-    bus.connect()
-    done = threading.Event()
-
-    def confirm(message: str) -> None:
-        input(f"{message} [Enter] ")
-
-    waiter = threading.Thread(target=lambda: (input("[Enter] when done "), done.set()), daemon=True)
-
-    def sweep_done() -> bool:
-        if not waiter.is_alive() and not done.is_set():
-            waiter.start()               # first poll: the sweep has begun, wait for Enter
-        return done.is_set()
-
-    try:
-        cal = calibration.calibrate(bus, names, confirm, sweep_done)
-    finally:
-        bus.torque_off()
-        bus.close()
-    calibration.save(cal, args.out)
+    cal = calibration.calibrate_on_port(str(args.port), args.out)
     for n, c in cal.items():
         print(f"  {n:14s} id {c.id}  homing_offset {c.homing_offset:5d}  range {c.range_min}..{c.range_max}")
     print(f"wrote {args.out} (LeRobot format)")
@@ -222,7 +171,7 @@ def _transfer(args) -> int:
     import json
 
     from soarm.files import atomic_write
-    from soarm.robot.transfer import parse_plants, plot, run_suite, table
+    from soarm.robot.transfer import parse_plants, plot, run_suite, summary, table
 
     plants = parse_plants(args.plants)
     print(f"transfer: {args.policy} on {len(plants)} plants, {args.targets} targets each (seed {args.seed})")
@@ -232,10 +181,7 @@ def _transfer(args) -> int:
     atomic_write(out, lambda tmp: tmp.write_text(json.dumps(result, indent=1) + "\n"))
     png = out.with_suffix(".png")
     plot(result, png)
-    rows = result["plants"]
-    worst = max(rows, key=lambda n: rows[n].get("ratio_to_nominal", 0.0))
-    summary = (f"worst {worst}: {rows[worst]['ratio_to_nominal']:.2f}x nominal; " if "nominal" in rows else "")
-    print(f"{summary}{result['seconds']:.0f} s; report {out}, plot {png}")
+    print(f"{summary(result)}; {result['seconds']:.0f} s; report {out}, plot {png}")
     return 0
 
 

@@ -18,9 +18,13 @@ from soarm.description import RobotDescription
 from soarm.reach import ACTION_DIM, OBS_DIM, OBS_TERMS, ReachCfg
 from soarm.servo import TICK, TICKS_PER_REV
 
-SCHEMA = 1
+SCHEMA = 2
 METADATA_KEY = "soarm.contract"          # ONNX metadata_props key holding the JSON below
 ACTION_TYPE = "relative_joint_position"
+# The joint angles a policy reads and commands: radians from the middle of each joint's
+# calibrated range (LeRobot's degrees convention; the published so101_new_calib model's zero).
+# calibration/calibration.py implements it on the arm.
+JOINT_ZERO = "middle_of_calibrated_range"
 
 
 class ContractError(ValueError):
@@ -54,7 +58,8 @@ def build(task: ReachCfg, robot: RobotDescription, training: dict) -> dict:
         # Where targets were drawn in training: the robot rejects targets outside it.
         "workspace": {"frame": robot.base_link, "radius": list(task.command.radius),
                       "height": list(task.command.height), "max_bearing": task.command.max_bearing},
-        "encoder": {"ticks_per_rev": TICKS_PER_REV, "rad_per_tick": TICK},
+        "encoder": {"ticks_per_rev": TICKS_PER_REV, "rad_per_tick": TICK, "joint_zero": JOINT_ZERO},
+        "robot_description": {"geometry_hash": robot.geometry_hash()},
         "velocity_estimate": "(q_t - q_{t-1}) * control_hz from consecutive encoder readings, rad/s; "
                              "zero on the first tick",
         "latency": {"ticks": list(task.randomization.latency_ticks),
@@ -90,8 +95,7 @@ def check(contract: dict, robot: RobotDescription, where: str) -> dict:
     idx = robot.arm_index
     for side, ours in (("lower", robot.lower[idx]), ("upper", robot.upper[idx])):
         theirs = limits.get(side)
-        need(isinstance(theirs, list) and len(theirs) == len(ours)
-             and all(abs(a - b) < 1e-6 for a, b in zip(theirs, ours)),
+        need(_close(theirs, ours),
              f"joint_limits.{side} {theirs} differ from the robot description's {list(map(float, ours))}")
     hz = contract.get("control_hz")
     need(isinstance(hz, (int, float)) and 1 <= hz <= 1000, f"control_hz {hz!r}")
@@ -100,6 +104,28 @@ def check(contract: dict, robot: RobotDescription, where: str) -> dict:
          and all(isinstance(ws.get(k), list) and len(ws[k]) == 2 for k in ("radius", "height"))
          and isinstance(ws.get("max_bearing"), (int, float)),
          f"workspace {ws!r} (needs frame '{robot.base_link}', radius, height, max_bearing)")
+    home = action.get("default_joint_positions")
+    need(_close(home, robot.home),
+         f"action.default_joint_positions {home} differ from the robot description's home "
+         f"{list(map(float, robot.home))}")
+    grip = contract.get("gripper", {})
+    need(isinstance(grip, dict) and grip.get("joint") == robot.gripper_joint
+         and _close([grip.get("hold")], [robot.gripper_hold]),
+         f"gripper {grip!r} differs from the robot description's ({robot.gripper_joint!r} held at "
+         f"{robot.gripper_hold})")
     enc = contract.get("encoder", {})
     need(enc.get("ticks_per_rev") == TICKS_PER_REV, f"encoder ticks_per_rev {enc.get('ticks_per_rev')!r}")
+    need(_close([enc.get("rad_per_tick")], [TICK], 1e-12),
+         f"encoder rad_per_tick {enc.get('rad_per_tick')!r}, expected {TICK}")
+    need(enc.get("joint_zero") == JOINT_ZERO, f"encoder joint_zero {enc.get('joint_zero')!r}, expected {JOINT_ZERO!r}")
+    geometry = contract.get("robot_description", {}).get("geometry_hash")
+    need(geometry == robot.geometry_hash(),
+         f"robot_description geometry_hash {geometry!r}: the policy was trained on another arm description "
+         f"(this one: {robot.geometry_hash()})")
     return contract
+
+
+def _close(theirs, ours, tol: float = 1e-6) -> bool:
+    """theirs (from JSON) is a list of numbers equal to ours within tol."""
+    return (isinstance(theirs, list) and len(theirs) == len(ours)
+            and all(isinstance(a, (int, float)) and abs(a - b) < tol for a, b in zip(theirs, ours)))

@@ -67,6 +67,18 @@ class RobotDescription:
     def upper(self) -> np.ndarray:
         return np.array([j.upper for j in self.joints])
 
+    def geometry_hash(self) -> str:
+        """A hash of everything the policy's observation depends on: each joint's name,
+        parent, origin and limits, the fingertip, the home pose and the gripper hold."""
+        import hashlib
+        import json
+
+        r = lambda x: np.round(np.asarray(x, dtype=float), 9).tolist()   # noqa: E731
+        data = {"joints": [[j.name, j.parent, r(j.xyz), r(j.rot), r(j.lower), r(j.upper)] for j in self.joints],
+                "fingertip": [self.fingertip_body, r(self.fingertip_xyz)], "arm": list(self.arm_joints),
+                "home": r(self.home), "gripper": [self.gripper_joint, r(self.gripper_hold)]}
+        return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
+
 
 def rpy_matrix(r: float, p: float, y: float) -> np.ndarray:
     """URDF convention: fixed-axis roll about x, then pitch about y, then yaw about z."""

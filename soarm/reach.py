@@ -42,6 +42,9 @@ OBS_TERMS: tuple[tuple[str, int, str], ...] = (
     ("last_action", 5, "1"),
 )
 OBS_DIM = sum(n for _, n, _ in OBS_TERMS)
+# Each term's columns in the observation, e.g. obs[:, OBS_SLICES["joint_vel"]].
+_ENDS = [sum(k for _, k, _ in OBS_TERMS[:i + 1]) for i in range(len(OBS_TERMS))]
+OBS_SLICES: dict[str, slice] = {name: slice(end - k, end) for (name, k, _), end in zip(OBS_TERMS, _ENDS)}
 ACTION_DIM = 5
 
 

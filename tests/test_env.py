@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from soarm.description import load_robot
-from soarm.reach import (OBS_DIM, RewardCfg, arm_limits, delay_goals, deviation_weights, draw_latency, in_region,
-                         limit_clearance, rewards)
+from soarm.reach import (OBS_DIM, OBS_SLICES, RewardCfg, arm_limits, delay_goals, deviation_weights, draw_latency,
+                         in_region, limit_clearance, rewards)
+from soarm.servo import TICK
 from soarm.training.env import ReachEnv
 from soarm.training.evaluate import evaluate
 from soarm.training.scripted import ScriptedReach
@@ -27,7 +28,7 @@ def test_observation_is_quantized(task_cfg):
     env = ReachEnv(task_cfg, 4, seed=0)
     env.step(torch.zeros(4, 5))
     home = torch.tensor(env.robot.home, dtype=torch.float32)
-    ticks = (env.obs[:, :5] + home) / (2 * torch.pi / 4096)
+    ticks = (env.obs[:, OBS_SLICES["joint_pos"]] + home) / TICK
     assert torch.allclose(ticks, ticks.round(), atol=2e-3)
 
 
@@ -158,6 +159,6 @@ def test_velocity_survives_a_target_change(task_cfg):
     obs, _, term, trunc, info = env.step(torch.ones(8, 5) * -0.8)
     kept = ~(term | trunc)
     assert kept.any() and not torch.equal(env.target[kept], before[kept])
-    vel = obs[kept, 5:10]
+    vel = obs[kept, OBS_SLICES["joint_vel"]]
     assert vel.abs().sum() > 0
-    assert torch.equal(vel, info["final_obs"][kept, 5:10])
+    assert torch.equal(vel, info["final_obs"][kept, OBS_SLICES["joint_vel"]])

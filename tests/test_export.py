@@ -11,7 +11,7 @@ import torch
 from soarm import cli, contract
 from soarm.export.exporter import export
 from soarm.export.runtime import PolicyError, PolicyRuntime
-from soarm.reach import OBS_DIM, OBS_TERMS
+from soarm.reach import OBS_DIM, OBS_SLICES, OBS_TERMS
 from soarm.training import checkpoint
 from soarm.training.env import ReachEnv
 from soarm.training.evaluate import evaluate
@@ -114,9 +114,14 @@ def _bad_files(root, tmp):
     _with_contract(good, tmp / "schema9.onnx", lambda c: c.update(schema=9))
     _with_contract(good, tmp / "obs.onnx", lambda c: c["observation"].pop())
     _with_contract(good, tmp / "joints.onnx", lambda c: c["joint_names"].reverse())
+    _with_contract(good, tmp / "home.onnx", lambda c: c["action"]["default_joint_positions"].__setitem__(1, 0.5))
+    _with_contract(good, tmp / "hold.onnx", lambda c: c["gripper"].update(hold=0.7))
+    _with_contract(good, tmp / "zero.onnx", lambda c: c["encoder"].update(joint_zero="homing_pose"))
+    _with_contract(good, tmp / "urdf.onnx", lambda c: c["robot_description"].update(geometry_hash="0" * 16))
     return {"missing.onnx": "no such policy file", "truncated.onnx": "not a valid ONNX model",
             "text.onnx": "not a valid ONNX model", "plain.onnx": "soarm export", "schema9.onnx": "schema 9",
-            "obs.onnx": "observation terms", "joints.onnx": "joints"}
+            "obs.onnx": "observation terms", "joints.onnx": "joints", "home.onnx": "default_joint_positions",
+            "hold.onnx": "gripper", "zero.onnx": "joint_zero", "urdf.onnx": "geometry_hash"}
 
 
 def test_bad_files_are_refused_with_one_line(exported, tmp_path):
@@ -134,7 +139,7 @@ def test_bad_observations_never_give_an_action(exported):
     with pytest.raises(PolicyError, match="observation shape"):
         rt.act(np.zeros((1, OBS_DIM - 1)))
     obs = np.zeros((2, OBS_DIM), dtype=np.float32)
-    obs[1, 12] = np.nan                       # inside joint_goal (columns 10..14)
+    obs[1, OBS_SLICES["joint_goal"].start + 2] = np.nan
     with pytest.raises(PolicyError, match="NaN or inf in joint_goal"):
         rt.act(obs)
 

@@ -10,15 +10,7 @@ from __future__ import annotations
 import torch
 
 from soarm.dynamics import ArmDynamics
-from soarm.reach import OBS_TERMS, full_pose
-
-
-def _slices() -> dict[str, slice]:
-    out, i = {}, 0
-    for name, n, _ in OBS_TERMS:
-        out[name] = slice(i, i + n)
-        i += n
-    return out
+from soarm.reach import OBS_SLICES, full_pose
 
 
 class ScriptedReach:
@@ -27,10 +19,9 @@ class ScriptedReach:
         self.dyn, self.scale, self.clip, self.gain, self.damping = dyn, action_scale, action_clip, gain, damping
         self.home = torch.as_tensor(dyn.robot.home, dtype=dyn.dtype)
         self.arm = dyn.robot.arm_index
-        self.s = _slices()
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
-        s = self.s
+        s = OBS_SLICES
         q = obs[:, s["joint_pos"]] + self.home
         err = obs[:, s["target_error"]]
         J = self.dyn.jacobian(full_pose(self.dyn, q))[:, :, self.arm]          # [N,3,5]
