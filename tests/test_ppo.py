@@ -150,10 +150,12 @@ def test_chunked_minibatch_takes_the_same_step(task_cfg):
         ppo.cfg.max_grad_norm = 1e9          # compare the gradients themselves, unclipped
     s = whole.storage
     args = whole._loss_args()
-    idx = torch.randperm(s.T * s.N)[:whole.minibatch]
+    idx = torch.randperm(s.T * s.N, generator=torch.Generator().manual_seed(0))[:whole.minibatch]
     torch.testing.assert_close(chunked._step(idx, args), whole._step(idx, args))
     for a, b in zip(whole.model.parameters(), chunked.model.parameters()):
-        torch.testing.assert_close(a.grad, b.grad)
+        # Chunks sum the rows in another order: fp32 round-off of a few 1e-6 of the gradient's
+        # scale. A chunk lost or weighted wrong would be off by a sizeable part of it.
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5 * float(a.grad.abs().max()))
         torch.testing.assert_close(a, b)
     assert not torch.equal(whole.model.actor[0].weight, _rollout(task_cfg).model.actor[0].weight)
     assert minibatch_chunks(24576, torch.device("cpu")) == 3
