@@ -4,6 +4,7 @@
     driver.start()                     # the bus thread: connect, check servos, read joints
     driver.enable()                    # Goal := Present, torque on, policy in the loop
     driver.set_target(xyz, "base_link")
+    driver.move_to("home"); driver.follow(trajectory)    # joint-space moves instead of the policy
     driver.estop(); driver.disable(); driver.close()
 
 One thread owns the bus (the SDK is not thread-safe) and runs at the control rate: while
@@ -11,10 +12,12 @@ enabled it runs the control loop's tick (read -> policy -> safety -> write), whi
 disabled it only reads the joints. Requests from other threads (enable, disable, e-stop)
 are queued and wake the thread: they are served as soon as the tick in progress ends,
 before anything else is written, so an e-stop takes effect within one tick. Until a valid
-target arrives the arm holds its goal. Anything that goes wrong ends disabled with torque
-off and the reason in `diagnostics()`; the thread itself keeps running, so the arm can be
-enabled again once the fault is fixed: enable after a fault reopens the port first (a
-replugged adapter is a new device behind the same path) and says so.
+target arrives the arm holds its goal. A joint move (home, park, a trajectory) replaces the
+policy until it ends, then holds its last pose; a new target hands the arm back to the
+policy. Anything that goes wrong ends disabled with torque off and the reason in
+`diagnostics()`; the thread itself keeps running, so the arm can be enabled again once the
+fault is fixed: enable after a fault reopens the port first (a replugged adapter is a new
+device behind the same path) and says so.
 
 Bad configuration (files, contract vs arm) raises a one-line ValueError from the
 constructor; nothing has touched the bus then.
@@ -37,10 +40,11 @@ from soarm.description import load_robot
 from soarm.export.runtime import PolicyRuntime
 from soarm.robot.bus import BAUD, BusError, FeetechBus
 from soarm.robot.enclog import EncoderLogWriter
-from soarm.robot.loop import ControlLoop, Parking, Ticker
+from soarm.robot.loop import ControlLoop, JointMove, Ticker
 from soarm.robot.safety import TORQUE_OFF, SafetyCfg, SafetyLayer
 
 DISABLED, ENABLED, PARKING, FAULT = "disabled", "enabled", "parking", "fault"
+HOME_SPEED = 0.6                           # rad/s of move_to when park_speed is 0 (no parking)
 
 
 @dataclass
@@ -58,20 +62,25 @@ class DriverCfg:
     park_timeout_s: float = 8.0           # torque off after this long even if the park pose is not reached
     safety: SafetyCfg = field(default_factory=SafetyCfg)
 
+    # The outer ranges (the ROS node's parameter descriptors show them); validate adds the gaps.
+    BOUNDS = {"rate_hz": (0.0, 500.0), "status_every": (1, 1000), "park_speed": (0.0, 1.5),
+              "park_timeout_s": (1.0, 30.0)}
+
     def validate(self) -> None:
         for key in ("port", "policy", "calibration"):
             if not getattr(self, key):
                 raise ValueError(f"'{key}' is required")
         if len(set(self.servo_ids)) != len(self.servo_ids) or not all(0 <= i <= 253 for i in self.servo_ids):
             raise ValueError(f"servo_ids {self.servo_ids}: need distinct ids in 0..253")
-        if not (self.rate_hz == 0 or 1 <= self.rate_hz <= 500):
+        for name, (lo, hi) in self.BOUNDS.items():
+            if not lo <= getattr(self, name) <= hi:
+                raise ValueError(f"{name}: {getattr(self, name)} is outside {lo:g}..{hi:g}")
+        if 0 < self.rate_hz < 1:
             raise ValueError(f"rate_hz {self.rate_hz}: 0 (the policy's) or 1..500")
-        if self.baud <= 0 or self.status_every < 1:
-            raise ValueError("baud and status_every must be positive")
-        if not (self.park_speed == 0 or 0.05 <= self.park_speed <= 1.5):
+        if 0 < self.park_speed < 0.05:
             raise ValueError(f"park_speed {self.park_speed}: 0 (no parking) or 0.05..1.5 rad/s")
-        if not 1.0 <= self.park_timeout_s <= 30.0:
-            raise ValueError(f"park_timeout_s {self.park_timeout_s}: 1..30 s")
+        if self.baud <= 0:
+            raise ValueError(f"baud {self.baud}: must be positive")
         self.safety.validate()
 
 
@@ -79,11 +88,22 @@ class DriverCfg:
 class JointSample:
     names: list[str]
     positions: list[float]                # rad, robot joint order (gripper included)
+    velocities: list[float]               # rad/s since the previous reading (0 for the first)
+
+
+@dataclass
+class Trajectory:
+    """Joint-space waypoints for `ReachDriver.follow` (a ROS JointTrajectory, plain)."""
+    joint_names: list[str]                # arm joints; the ones left out keep their goal
+    positions: list[list[float]]          # rad, one row per point, in joint_names' order
+    times: list[float]                    # s from the start, one per point, increasing
 
 
 @dataclass
 class _Request:
     kind: str
+    move: JointMove | None = None       # "move": what to run
+    joints: list[int] | None = None     # its poses' columns (arm joint indices); None: every arm joint
     t: float = field(default_factory=time.perf_counter)
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False
@@ -117,12 +137,15 @@ class ReachDriver:
         self.connected = False
         self.connections = 0                      # successful connects; > 1: reconnected after a fault
         self.target: np.ndarray | None = None
+        self.target_serial = 0                    # counts set_target calls: a new target ends a holding move
+        self._move_serial = 0
         self._target_lock = threading.Lock()
         self._requests: queue.Queue[_Request] = queue.Queue()
         self._stop = threading.Event()
         self._wake = threading.Event()            # a request is waiting: serve it now, not next tick
         self._thread: threading.Thread | None = None
         self.read_failures = 0
+        self._last_sample: tuple[float, list[float]] | None = None     # (time, positions) last published
         self.estop_latency_ms: float | None = None
 
     # ------------------------------------------------------- any thread
@@ -151,7 +174,53 @@ class ReachDriver:
         t = self.runtime.check_target(xyz, frame)
         with self._target_lock:
             self.target = t
+            self.target_serial += 1
         return t
+
+    def move_to(self, pose: str, timeout: float = 5.0) -> tuple[bool, str]:
+        """Move to the description's `home` or `park` pose at park_speed and hold there."""
+        if pose not in ("home", "park"):
+            return False, f"unknown pose {pose!r}: home or park"
+        speed = self.cfg.park_speed or HOME_SPEED
+        return self._request(_Request("move", JointMove.to(getattr(self.robot, pose), speed, name=pose)), timeout)
+
+    def follow(self, traj: Trajectory, timeout: float = 5.0) -> tuple[bool, str]:
+        """Move through joint-space waypoints on their times (from the current goal to the
+        first point by its time), then hold the last one. Refused, one line, if a joint is not
+        an arm joint, a position is not finite or outside its limits, or the times do not
+        increase. The safety layer's clamps and rate cap apply as to the policy."""
+        try:
+            names, pos, times = self._checked(traj)
+        except ValueError as e:
+            return False, f"trajectory refused: {e}"
+        move = JointMove(pos, times, self.cfg.safety.max_step * self.rate, name="trajectory")
+        return self._request(_Request("move", move, joints=names), timeout)
+
+    def _checked(self, traj: Trajectory) -> tuple[list[int], np.ndarray, np.ndarray]:
+        arm = list(self.runtime.contract["joint_names"])
+        if not traj.positions or len(traj.positions) != len(traj.times):
+            raise ValueError(f"{len(traj.positions)} points and {len(traj.times)} times; need one time per point")
+        unknown = [n for n in traj.joint_names if n not in arm]
+        if unknown or len(set(traj.joint_names)) != len(traj.joint_names) or not traj.joint_names:
+            raise ValueError(f"joints {traj.joint_names}: need distinct arm joints ({', '.join(arm)}); "
+                             f"the gripper is held where it is")
+        if any(len(row) != len(traj.joint_names) for row in traj.positions):
+            raise ValueError(f"every point needs one position per joint ({len(traj.joint_names)})")
+        pos = np.asarray(traj.positions, dtype=np.float64)
+        times = np.asarray(traj.times, dtype=np.float64)
+        if not (np.isfinite(pos).all() and np.isfinite(times).all()):
+            raise ValueError("positions and times must be finite")
+        if times[0] < 0 or (np.diff(times) <= 0).any():
+            raise ValueError(f"times {times.tolist()} s: need 0 <= t and strictly increasing")
+        idx = [arm.index(n) for n in traj.joint_names]
+        lower, upper = self.safety.lower[idx], self.safety.upper[idx]
+        for k, row in enumerate(pos):
+            bad = np.flatnonzero((row < lower) | (row > upper))
+            if len(bad):
+                j = bad[0]
+                raise ValueError(f"point {k}: {traj.joint_names[j]} at {row[j]:.3f} rad is outside "
+                                 f"{lower[j]:.3f}..{upper[j]:.3f} (the calibrated limits less the margin)")
+        return idx, pos.astype(np.float32), times
 
     def close(self) -> None:
         """Stop the bus thread; it turns torque off on its way out."""
@@ -171,6 +240,7 @@ class ReachDriver:
                 "reconnects": max(0, self.connections - 1), "rate_hz": self.rate,
                 "target": None if self.target is None else self.target.tolist(),
                 "read_failures_disabled": self.read_failures, "estop_latency_ms": self.estop_latency_ms,
+                "move": None if self.loop.move is None else {"name": self.loop.move.name, "done": self.loop.move.done},
                 "tick": stats, "clamps": dict(self.safety.counters), "tripped": self.safety.tripped,
                 "servos": status}
 
@@ -234,7 +304,8 @@ class ReachDriver:
             except queue.Empty:
                 return
             try:
-                {"enable": self._enable, "disable": self._disable, "estop": self._estop}[r.kind](r)
+                {"enable": self._enable, "disable": self._disable, "estop": self._estop,
+                 "move": self._move}[r.kind](r)
             finally:
                 r.done.set()                      # the caller never waits out its timeout
 
@@ -257,7 +328,7 @@ class ReachDriver:
 
     def _enable(self, r: _Request) -> None:
         if self.loop.running and self.state == PARKING:            # enable cancels a park
-            self.loop.parking = None
+            self.loop.move = None
             self._set(ENABLED, "torque on; parking cancelled")
             r.ok, r.message = True, "enabled (parking cancelled)"
             return
@@ -281,10 +352,29 @@ class ReachDriver:
         self._set(ENABLED, "torque on" + ("" if self.target is not None else "; holding until a target arrives"))
         r.ok, r.message = True, "enabled"
 
+    def _move(self, r: _Request) -> None:
+        if not self.loop.running or self.state != ENABLED:
+            r.message = f"{r.move.name} refused: the arm is {self.state}" + \
+                ("" if self.state == PARKING else "; enable first")
+            return
+        move, goal = r.move, self.loop.step.goal
+        if r.joints is not None:                    # joints left out keep their goal
+            poses = np.repeat(goal[None], len(move.poses), axis=0)
+            poses[:, r.joints] = move.poses
+            move.poses = poses
+            if move.times[0] > 0:                   # from where the goal is to the first point by its time
+                move.poses = np.concatenate((goal[None], move.poses))
+                move.times = np.concatenate(([0.0], move.times))
+        with self._target_lock:                     # the policy stops; a new target resumes it
+            self.target, self._move_serial = None, self.target_serial
+        self.loop.move = move
+        self._set(ENABLED, f"{move.name}: joint move; a new target resumes the policy")
+        r.ok, r.message = True, f"{move.name}: moving"
+
     def _start_parking(self) -> bool:
         if not self.cfg.park_speed:
             return False
-        self.loop.parking = Parking(self.robot.park.astype(np.float32), self.cfg.park_speed)
+        self.loop.move = JointMove.to(self.robot.park, self.cfg.park_speed, "torque_off", "parking")
         self._park_deadline = time.monotonic() + self.cfg.park_timeout_s
         self._set(PARKING, f"moving to the park pose at {self.cfg.park_speed:g} rad/s, then torque off")
         return True
@@ -309,14 +399,18 @@ class ReachDriver:
         r.ok, r.message = True, f"e-stop: torque off {self.estop_latency_ms:.1f} ms after the request"
 
     def _tick(self) -> None:
+        move = self.loop.move
+        if move is not None and move.then == "hold" and self.target_serial != self._move_serial:
+            self.loop.move = None
+            self._set(ENABLED, f"torque on; {move.name} ended by a new target, the policy resumes")
         kind = self.loop.tick()
         self._publish(self.loop.reading)
         if kind == TORQUE_OFF:                      # the loop has already turned torque off
             self._close_log()
             why = self.safety.tripped or "safety"
             self._set(FAULT, f"torque off: {why}{self._bus_hint()}", "error")
-        elif self.state == PARKING and (self.loop.parking.done or time.monotonic() > self._park_deadline):
-            how = "parked" if self.loop.parking.done else "park pose not reached in time"
+        elif self.state == PARKING and (self.loop.move.done or time.monotonic() > self._park_deadline):
+            how = "parked" if self.loop.move.done else "park pose not reached in time"
             self.loop.shutdown()
             self._close_log()
             self._set(DISABLED, f"{how}; torque off")
@@ -336,9 +430,14 @@ class ReachDriver:
     def _publish(self, raw: dict[int, int] | None) -> None:
         if raw is None:
             return
-        names = self.robot.names
+        names, now = self.robot.names, time.perf_counter()
         pos = [calibration.ticks_to_rad(self.cal[n], raw[self.cal[n].id]) for n in names]
-        self.on_state(JointSample(names, pos))
+        vel = [0.0] * len(pos)
+        if self._last_sample is not None and now > self._last_sample[0]:
+            then, before = self._last_sample
+            vel = [(a - b) / (now - then) for a, b in zip(pos, before)]
+        self._last_sample = (now, pos)
+        self.on_state(JointSample(names, pos, vel))
 
     def _fault(self, why: str) -> None:
         self.loop.shutdown()

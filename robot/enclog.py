@@ -16,7 +16,9 @@ MCAP (mcap.dev, the `mcap` library; ROS 2 bags use it too) with one JSON channel
         decision     command | hold | torque_off
         events       safety rules that fired this tick
         fault        bus or policy error text, or null
-        park         {pose (rad), max_step (rad)} while parking before torque off (no policy), or null
+        move         {name, pose (rad), max_step (rad)} while a joint move runs instead of the
+                     policy (parking before torque off, home, park, a trajectory), or null;
+                     logs written before it call this `park` and have no name
 
 The writer works on `<name>.tmp` and renames it on close, so a finished log is whole.
 """

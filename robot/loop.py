@@ -29,7 +29,7 @@ from soarm.servo import TICK, TICKS_PER_REV as TICKS
 # 7.4 V and 7 at 12 V. A reading further from the last one than it allows is garbage.
 MAX_JOINT_SPEED = 10.0             # rad/s
 PLAUSIBLE_SLACK_TICKS = 8          # encoder noise and the read's own timing jitter
-PARKED_WITHIN = 0.1                # rad: goal at the park pose and every joint this close (gravity sags it)
+PARKED_WITHIN = 0.1                # rad: goal at a move's last pose and every joint this close (gravity sags it)
 
 
 @dataclass
@@ -92,7 +92,7 @@ class PolicyStep:
 
     def toward(self, q: np.ndarray | None, pose: np.ndarray, max_step: float, now: float | None = None) -> StepResult:
         """Instead of the policy: the goal moves toward `pose` (rad) by at most `max_step`
-        this tick, through the same clamps (parking before torque off)."""
+        this tick, through the same clamps (a JointMove: parking, home, a trajectory)."""
         fresh = q is not None
         q = self.q_prev if q is None else np.asarray(q, dtype=np.float32)
         goal = self.goal + np.clip(pose - self.goal, -max_step, max_step)
@@ -120,11 +120,33 @@ class PolicyStep:
 
 
 @dataclass
-class Parking:
-    """A move to a rest pose before torque off (ControlLoop.parking)."""
-    pose: np.ndarray                   # rad, arm joints
+class JointMove:
+    """The arm moved through joint poses instead of the policy (ControlLoop.move): parking
+    before torque off, the home and park poses, a joint trajectory. The setpoint follows the
+    waypoints in time (linear between them, the last one held); the goal chases it at most
+    `speed` rad/s per joint, and the safety layer's clamps and rate cap apply on top."""
+    poses: np.ndarray                  # [K, J] rad, arm joints
+    times: np.ndarray                  # [K] s after the move's first tick, non-decreasing
     speed: float                       # rad/s per joint, at most
-    done: bool = False                 # the goal is at the pose and every joint within PARKED_WITHIN
+    then: str = "hold"                 # at the end: "hold" the last pose, or "torque_off" (parking)
+    name: str = "move"
+    done: bool = False                 # the goal is at the last pose and every joint within PARKED_WITHIN
+    t0: float | None = None            # s: the move's first tick
+
+    @classmethod
+    def to(cls, pose: np.ndarray, speed: float, then: str = "hold", name: str = "move") -> "JointMove":
+        """Straight to one pose at `speed`."""
+        return cls(np.asarray(pose, dtype=np.float32)[None], np.zeros(1), speed, then, name)
+
+    def setpoint(self, t: float) -> np.ndarray:
+        if self.t0 is None:
+            self.t0 = t
+        s = t - self.t0
+        return np.array([np.interp(s, self.times, self.poses[:, j]) for j in range(self.poses.shape[1])],
+                        dtype=np.float32)
+
+    def finished(self, t: float) -> bool:
+        return self.t0 is not None and t - self.t0 >= self.times[-1]
 
 
 class Ticker:
@@ -168,7 +190,7 @@ class ControlLoop:
         self.running = False
         self.reading: dict[int, int] | None = None      # the latest raw encoder ticks per servo id
         self._accepted: tuple[float, dict[int, int]] | None = None    # (time, ticks) of the last plausible one
-        self.parking: Parking | None = None             # set: ticks move the arm to a pose, no policy
+        self.move: JointMove | None = None              # set: ticks move the arm through poses, no policy
         self.servo_status: dict = {}                     # servo id -> latest polled ServoStatus
 
     # -------------------------------------------------------------- start
@@ -182,7 +204,7 @@ class ControlLoop:
         self.gripper_ticks = held[self.cal[self.gripper].id]
         self.step = PolicyStep(self.rt, self.safety, self.rate, self._to_rad(held))
         self.t0 = time.perf_counter()
-        self.running, self.parking = True, None
+        self.running, self.move = True, None
 
     def log_header(self) -> dict:
         """What a replay needs besides the ticks: joints, calibration, rate, policy."""
@@ -207,11 +229,14 @@ class ControlLoop:
             raw, fault = None, str(e)
             self.stats.read_failures += 1
         self.reading = raw
-        park = self.parking
-        if park is not None:
-            r = self.step.toward(q, park.pose, park.speed / self.rate, now=t0 - self.t0)
-            there = np.clip(park.pose, self.safety.lower, self.safety.upper)     # as the clamps allow
-            park.done = (q is not None and bool(np.abs(self.step.goal - there).max() < 1e-6)
+        move = self.move
+        if move is not None:
+            now = t0 - self.t0
+            pose, max_step = move.setpoint(now), move.speed / self.rate
+            r = self.step.toward(q, pose, max_step, now=now)
+            last = np.clip(move.poses[-1], self.safety.lower, self.safety.upper)     # as the clamps allow
+            move.done = (move.finished(now) and q is not None
+                         and bool(np.abs(self.step.goal - last).max() < 1e-6)
                          and bool(np.abs(q - self.step.goal).max() < PARKED_WITHIN))
         else:
             r = self.step(q, target, fault, now=t0 - self.t0)
@@ -226,7 +251,7 @@ class ControlLoop:
                 "goal_policy": None if r.goal_policy is None else r.goal_policy.tolist(),
                 "goal_sent": None if d.goal is None else d.goal.tolist(),
                 "decision": d.kind, "events": d.events, "fault": r.fault,
-                "park": None if park is None else {"pose": park.pose.tolist(), "max_step": park.speed / self.rate}})
+                "move": None if move is None else {"name": move.name, "pose": pose.tolist(), "max_step": max_step}})
         if d.kind == TORQUE_OFF:
             self.shutdown()
             return TORQUE_OFF
@@ -312,5 +337,5 @@ class ControlLoop:
         self.shutdown()
 
     def shutdown(self) -> None:
-        self.running, self.parking = False, None
+        self.running, self.move = False, None
         self.bus.torque_off()

@@ -40,9 +40,9 @@ def replay(header: dict, ticks: list[dict], runtime: PolicyRuntime, where: str =
         raw = tick["raw"]
         q = None if raw is None else np.array([ticks_to_rad(cal[n], raw[str(cal[n].id)]) for n in arm],
                                               dtype=np.float32)
-        target, park = tick["target"], tick.get("park")
-        if park:                                   # parking before torque off: no policy
-            r = step.toward(q, np.asarray(park["pose"], dtype=np.float32), park["max_step"], now=tick["t"])
+        target, move = tick["target"], tick.get("move", tick.get("park"))
+        if move:                                   # a joint move (parking, home, trajectory): no policy
+            r = step.toward(q, np.asarray(move["pose"], dtype=np.float32), move["max_step"], now=tick["t"])
         else:
             r = step(q, None if target is None else np.asarray(target, dtype=np.float32), now=tick["t"])
         a, b = tick["goal_sent"], r.decision.goal

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from soarm.calibration import calibration
-from soarm.robot.driver import DISABLED, ENABLED, FAULT, PARKING, DriverCfg, ReachDriver
+from soarm.robot.driver import DISABLED, ENABLED, FAULT, PARKING, DriverCfg, ReachDriver, Trajectory
 from soarm.robot.bus import FeetechBus
 from soarm.robot.emulator import EmulatorProcess, FaultCfg, ServoBusEmulator
 from soarm.robot.enclog import read_log
@@ -155,9 +155,9 @@ def test_disable_parks_the_arm_slowly_then_turns_torque_off(emulated, tiny_polic
     finally:
         driver.close()
     _, ticks = read_log(next((tmp_path / "logs").glob("*.mcap")))
-    first = next(i for i, t in enumerate(ticks) if t["park"] is not None)
+    first = next(i for i, t in enumerate(ticks) if t["move"] is not None)
     parked = ticks[first - 1:]
-    max_step = parked[-1]["park"]["max_step"]
+    max_step = parked[-1]["move"]["max_step"]
     assert max_step == pytest.approx(driver.cfg.park_speed / driver.rate)
     goals = np.array([t["goal_sent"] for t in parked])
     assert np.abs(np.diff(goals, axis=0)).max() <= max_step + 1e-6
@@ -168,6 +168,45 @@ def test_disable_parks_the_arm_slowly_then_turns_torque_off(emulated, tiny_polic
         if j < len(t):
             speed = np.abs(q[j] - q[i]).max() / (t[j] - t[i])
             assert speed <= 2 * driver.cfg.park_speed, (t[i], speed)
+
+
+def test_a_trajectory_runs_on_its_times_through_the_clamps_and_a_target_ends_it(emulated, tiny_policy, tmp_path):
+    """Judged on the encoder log: the goals follow the trajectory's setpoints and never step
+    more than the rate cap; bad trajectories are refused, naming what is wrong."""
+    emu, cal = emulated
+    driver = ReachDriver(DriverCfg(port=emu.port, policy=str(tiny_policy), calibration=cal,
+                                   log_dir=str(tmp_path / "logs"))).start()
+    try:
+        assert wait(lambda: driver.state == DISABLED)
+        ok, msg = driver.follow(Trajectory(["elbow_flex"], [[0.1]], [1.0]))
+        assert not ok and "enable first" in msg
+        assert driver.enable()[0]
+        lo, hi = driver.safety.lower[2], driver.safety.upper[2]
+        for traj, words in ((Trajectory(["gripper"], [[0.1]], [1.0]), "the gripper is held"),
+                            (Trajectory(["elbow_flex"], [[hi + 0.2]], [1.0]), "elbow_flex at"),
+                            (Trajectory(["elbow_flex"], [[0.1], [0.2]], [1.0, 1.0]), "strictly increasing"),
+                            (Trajectory(["elbow_flex"], [[float("nan")]], [1.0]), "finite"),
+                            (Trajectory(["elbow_flex"], [], []), "points")):
+            ok, msg = driver.follow(traj)
+            assert not ok and msg.startswith("trajectory refused") and words in msg, msg
+        target = float(np.clip(driver.loop.step.goal[2] + 0.4, lo, hi))
+        ok, msg = driver.follow(Trajectory(["elbow_flex"], [[target]], [1.5]))
+        assert ok, msg
+        assert emu.wait(2.5)
+        assert wait(lambda: driver.diagnostics()["move"]["done"], 10), driver.diagnostics()["move"]
+        assert abs(driver.loop.step.goal[2] - target) < 1e-6
+        driver.set_target([0.22, 0.0, 0.15])               # the policy takes over again
+        assert wait(lambda: driver.diagnostics()["move"] is None)
+        assert driver.state == ENABLED
+    finally:
+        driver.close()
+    _, ticks = read_log(next((tmp_path / "logs").glob("*.mcap")))
+    moved = [t for t in ticks if t.get("move") and t["move"]["name"] == "trajectory"]
+    goals = np.array([t["goal_sent"] for t in moved])
+    assert len(moved) > 30 and np.abs(np.diff(goals, axis=0)).max() <= driver.cfg.safety.max_step + 1e-6
+    setpoints = np.array([t["move"]["pose"] for t in moved])
+    assert np.all(np.diff(setpoints[:, 2]) * np.sign(target - setpoints[0, 2]) >= -1e-6)   # on its way, monotone
+    assert abs(setpoints[-1, 2] - target) < 1e-6
 
 
 def test_estop_under_line_noise_is_immediate(emulated, tiny_policy):
