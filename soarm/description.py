@@ -47,6 +47,7 @@ class RobotDescription:
     home: np.ndarray                   # default arm pose, arm_joints order
     park: np.ndarray                   # arm pose the robot moves to before torque goes off
     base_link: str                     # the URDF root link: the frame targets are given in
+    urdf: str = ""                     # the URDF file it was read from
 
     @property
     def names(self) -> list[str]:
@@ -139,6 +140,7 @@ def load_robot(path: str | Path = DEFAULT_ROBOT) -> RobotDescription:
         home=poses["home"],
         park=poses["park"],
         base_link=base,
+        urdf=str(urdf),
     )
 
 

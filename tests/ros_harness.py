@@ -37,7 +37,9 @@ class Client:
         rclpy.init(context=self.ctx)
         self.node = rclpy.create_node("soarm_test_client", context=self.ctx)
         self.joints: list[tuple[float, list[float]]] = []
+        self.velocities: list[list[float]] = []
         self.diag: list[dict] = []
+        self.servo_diag: dict[str, dict] = {}          # status name -> its latest, for the per-servo entries
         self.node.create_subscription(JointState, "joint_states", self._on_joints, 50)
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
         self.target = self.node.create_publisher(PointStamped, "target", 10)
@@ -56,18 +58,24 @@ class Client:
 
     def _on_joints(self, msg):
         self.joints.append((time.monotonic(), list(msg.position)))
+        self.velocities.append(list(msg.velocity))
 
     def _on_diag(self, msg):
         for s in msg.status:
+            entry = {"level": int.from_bytes(s.level, "little") if isinstance(s.level, bytes) else int(s.level),
+                     "message": s.message, **{kv.key: kv.value for kv in s.values}}
             if s.name == "so_arm_policy: reach":
-                self.diag.append({"level": int.from_bytes(s.level, "little") if isinstance(s.level, bytes)
-                                  else int(s.level), "message": s.message,
-                                  **{kv.key: kv.value for kv in s.values}})
+                self.diag.append(entry)
+            else:
+                self.servo_diag[s.name] = entry
 
-    def call(self, name: str, timeout: float = 15.0):
+    def call(self, name: str, timeout: float = 15.0, srv_type=Trigger, request=None):
+        """Call a service (a Trigger unless `srv_type` says otherwise) and return its response."""
+        if name not in self.services:
+            self.services[name] = self.node.create_client(srv_type, name)
         cli = self.services[name]
         assert cli.wait_for_service(timeout_sec=timeout), f"service {name} not available"
-        fut = cli.call_async(Trigger.Request())
+        fut = cli.call_async(request if request is not None else srv_type.Request())
         t_end = time.monotonic() + timeout
         while not fut.done() and time.monotonic() < t_end:
             time.sleep(0.01)

@@ -61,7 +61,8 @@ def test_colcon_builds_the_package(tmp_path):
     inst = tmp_path / "install" / "so_arm_policy"
     for rel in ("lib/so_arm_policy/reach_node", "share/ament_index/resource_index/packages/so_arm_policy",
                 "share/so_arm_policy/package.xml", "share/so_arm_policy/launch/reach.launch.py",
-                "share/so_arm_policy/config/reach.yaml", "share/so_arm_policy/udev/99-so-arm101.rules"):
+                "share/so_arm_policy/config/reach.yaml", "share/so_arm_policy/config/reach.rviz",
+                "share/so_arm_policy/udev/99-so-arm101.rules"):
         assert (inst / rel).is_file(), rel
 
 
@@ -72,6 +73,48 @@ def test_launch_arguments_map_onto_parameters():
     assert got == {"port": "/dev/so_arm101", "policy": "p.onnx", "calibration": "c.json", "rate_hz": 50.0}
     with pytest.raises(config.ConfigError, match="rate:='fast'"):
         params.launch_parameters({"rate": "fast"})
+
+
+def test_launch_with_the_emulator_points_the_node_at_it():
+    """use_emulator:=true: the node's port is the emulator's link, its calibration the one the
+    emulator writes (or the user's, which the emulator only reads), the policy the shipped one."""
+    got = params.launch_parameters({"use_emulator": "true"}, "/tmp/x/calibration.json")
+    assert got == {"port": params.EMULATOR_LINK, "calibration": "/tmp/x/calibration.json",
+                   "policy": str(REFERENCE_POLICY)}
+    cmd = params.emulator_command({}, "/tmp/x/ready.json", "/tmp/x/calibration.json")
+    assert cmd[:2] == ["soarm", "emulate"] and cmd[cmd.index("--link") + 1] == params.EMULATOR_LINK
+    assert cmd[cmd.index("--calibrate") + 1] == "/tmp/x/calibration.json"
+    mine = params.emulator_command({"calibration": "mine.json"}, "/tmp/x/ready.json", "/tmp/x/calibration.json")
+    assert "--calibrate" not in mine and mine[mine.index("--calibration") + 1] == "mine.json"
+    assert params.launch_parameters({"use_emulator": "true", "calibration": "mine.json"}, "")["calibration"] == \
+        "mine.json"
+    with pytest.raises(config.ConfigError, match="exclude each other"):
+        params.launch_parameters({"use_emulator": "true", "port": "/dev/ttyACM0"})
+    with pytest.raises(config.ConfigError, match="rviz:='yes': true or false"):
+        params.launch_switch({"rviz": "yes"}, "rviz")
+    assert params.launch_switch({}, "rviz") is False
+
+
+def test_the_emulator_says_it_answers_in_the_words_the_launch_waits_for(tmp_path):
+    """reach.launch.py use_emulator:=true starts the node on this line of `soarm emulate`."""
+    import subprocess
+    import sys
+
+    cmd = params.emulator_command({}, str(tmp_path / "ready.json"), str(tmp_path / "cal.json"))
+    cmd = [str(Path(sys.executable).parent / "soarm"), *cmd[1:], "--no-compile"]
+    cmd[cmd.index("--link") + 1] = str(tmp_path / "link")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if params.EMULATOR_READY in line or len(lines) > 20:
+                break
+        assert params.EMULATOR_READY in lines[-1], lines
+        assert (tmp_path / "ready.json").is_file()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 def test_parameters_are_validated_at_the_edge():
@@ -256,7 +299,7 @@ def test_bad_targets_are_refused_with_a_warning(rig, client):
 
 
 @pytest.mark.parametrize("case", ["missing_policy", "foreign_policy", "foreign_calibration", "bad_type",
-                                  "misspelled_key", "out_of_range"])
+                                  "misspelled_key", "out_of_range", "missing_port"])
 def test_bad_configuration_is_one_error_and_the_node_stays_disabled(rig, client, tmp_path, tiny_policy, case):
     emu, start = rig
     if case == "missing_policy":
@@ -282,12 +325,125 @@ def test_bad_configuration_is_one_error_and_the_node_stays_disabled(rig, client,
         node, expect = start(**{"safety.max_step": "fast"}), "safety.max_step"
     elif case == "misspelled_key":
         node, expect = start(**{"safety.max_speed": 1.0}), "unknown key 'safety.max_speed'"
-    else:
+    elif case == "out_of_range":
         node, expect = start(**{"safety.max_step": 100.0}), "safety.max_step: 100.0 is outside"
+    else:                                                  # configure's bus check: through ErrorProcessing
+        node, expect = start(port=str(tmp_path / "no_adapter")), str(tmp_path / "no_adapter")
     d = client.wait_for(lambda: next((d for d in reversed(client.diag) if d["level"] == 2), None))
-    assert expect in d["message"]
+    assert expect in d["message"] and d["state"] == "unconfigured" and d["lifecycle"] == "unconfigured"
     r = client.call("enable")
     assert not r.success and expect in r.message
     assert node.proc.poll() is None
     errors = [line for line in node.output().splitlines() if "[ERROR]" in line]
     assert len(errors) >= 1 and expect in errors[0]
+
+
+# ------------------------------------------------------------------ ROS conventions (issue 21)
+def lifecycle(client, transition: int | None = None):
+    """The node's lifecycle state label, or whether `transition` succeeded (lifecycle_msgs)."""
+    from lifecycle_msgs.msg import Transition
+    from lifecycle_msgs.srv import ChangeState, GetState
+
+    if transition is None:
+        return client.call("/so_arm_policy/get_state", srv_type=GetState).current_state.label
+    request = ChangeState.Request(transition=Transition(id=transition))
+    return client.call("/so_arm_policy/change_state", srv_type=ChangeState, request=request, timeout=30).success
+
+
+def arm_near(client, pose, within: float):
+    """The latest joint_states has every arm joint within `within` rad of `pose`."""
+    from soarm.description import load_robot
+
+    arm = load_robot().arm_index
+    return lambda: bool(client.joints) and np.abs(np.array(client.joints[-1][1])[arm] - pose).max() < within
+
+
+def test_lifecycle_transitions_and_joint_space_commands(rig, client):
+    """configure -> activate -> home, a trajectory, a target (the policy resumes), park ->
+    deactivate (parks, torque off) -> cleanup, through lifecycle_msgs as a manager would."""
+    from builtin_interfaces.msg import Duration
+    from lifecycle_msgs.msg import Transition
+    from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+    from soarm.description import load_robot
+
+    robot = load_robot()
+    emu, start = rig
+    node = start(autostart=False)
+    client.wait_for(diag_with(client, "state", "unconfigured"))
+    assert lifecycle(client) == "unconfigured"
+    assert lifecycle(client, Transition.TRANSITION_CONFIGURE)
+    assert lifecycle(client) == "inactive" and client.wait_for(diag_with(client, "state", "disabled"))
+    assert lifecycle(client, Transition.TRANSITION_ACTIVATE)
+    client.wait_for(diag_with(client, "state", "enabled"))
+
+    r = client.call("home")
+    assert r.success, r.message
+    client.wait_for(arm_near(client, robot.home, 0.08), timeout=60)
+
+    pub = client.node.create_publisher(JointTrajectory, "joint_trajectory", 10)
+    goal = robot.home.copy()
+    goal[2] += 0.3                                          # elbow_flex
+    goal[3] -= 0.3                                          # wrist_flex
+    traj = JointTrajectory(joint_names=["elbow_flex", "wrist_flex"], points=[
+        JointTrajectoryPoint(positions=[goal[2], robot.home[3]], time_from_start=Duration(sec=1)),
+        JointTrajectoryPoint(positions=[goal[2], goal[3]], time_from_start=Duration(sec=2))])
+    pub.publish(traj)
+    client.wait_for(diag_with(client, "move", "trajectory"))
+    client.wait_for(arm_near(client, goal, 0.08), timeout=60)
+    pub.publish(JointTrajectory(joint_names=["gripper"], points=[JointTrajectoryPoint(positions=[0.5])]))
+
+    client.send([0.22, 0.0, 0.15])                         # a target hands the arm back to the policy
+    client.wait_for(lambda: client.diag and client.diag[-1]["move"] == "" and client.diag[-1]["target"])
+    r = client.call("park")
+    assert r.success, r.message
+    client.wait_for(arm_near(client, robot.park, 0.15), timeout=60)
+
+    assert lifecycle(client, Transition.TRANSITION_DEACTIVATE)     # parks (already there), torque off
+    assert lifecycle(client) == "inactive"
+    d = client.wait_for(diag_with(client, "state", "disabled"))
+    assert "torque off" in d["message"]
+    assert lifecycle(client, Transition.TRANSITION_CLEANUP)
+    client.wait_for(diag_with(client, "state", "unconfigured"))
+    assert node.stop() == 0
+    out = node.output()
+    assert "trajectory refused" in out and "the gripper is held" in out and "Traceback" not in out
+
+
+def test_description_states_diagnostics_and_parameter_descriptors(rig, client):
+    import xml.etree.ElementTree as ET
+
+    from rcl_interfaces.srv import DescribeParameters
+    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+    from std_msgs.msg import String
+
+    from soarm.description import load_robot
+
+    robot = load_robot()
+    emu, start = rig
+    node = start()
+    client.wait_for(diag_with(client, "state", "disabled"))
+    urdf = []                                               # joins after the node published: transient local
+    client.node.create_subscription(String, "robot_description", lambda m: urdf.append(m.data), QoSProfile(
+        depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL, reliability=ReliabilityPolicy.RELIABLE))
+    client.wait_for(lambda: urdf)
+    root = ET.fromstring(urdf[0])
+    joints = {j.get("name") for j in root.findall("joint") if j.get("type") == "revolute"}
+    assert joints == set(robot.names)
+    for j in robot.joints:                                  # every moving link is drawn
+        link = next(li for li in root.findall("link") if li.get("name") == j.link)
+        assert link.findall("visual"), j.link
+
+    client.wait_for(lambda: client.velocities and len(client.velocities[-1]) == len(robot.names))
+    names = {f"so_arm_policy: servo {i + 1} ({n})" for i, n in enumerate(robot.names)}
+    client.wait_for(lambda: names <= set(client.servo_diag), timeout=30)
+    servo = client.servo_diag[f"so_arm_policy: servo 3 (elbow_flex)"]
+    assert servo["level"] == 0 and servo["error_bits"] == "0x00" and float(servo["voltage_v"]) > 5
+
+    r = client.call("/so_arm_policy/describe_parameters", srv_type=DescribeParameters,
+                    request=DescribeParameters.Request(names=["safety.max_step", "safety.hold_after", "port"]))
+    step, hold, port = r.descriptors
+    assert (step.floating_point_range[0].from_value, step.floating_point_range[0].to_value) == (1e-4, 0.25)
+    assert (hold.integer_range[0].from_value, hold.integer_range[0].to_value) == (1, 300)
+    assert "serial port" in port.description and port.read_only
+    assert node.stop() == 0

@@ -12,8 +12,9 @@ import dataclasses
 import typing
 from typing import Any
 
-from soarm import config
+from soarm import REPO_ROOT, config
 from soarm.robot.driver import DriverCfg
+from soarm.robot.safety import SafetyCfg
 
 DESCRIPTIONS = {
     "port": "serial port of the servo adapter, e.g. /dev/ttyACM0 or /dev/so_arm101 (udev rule)",
@@ -35,8 +36,23 @@ DESCRIPTIONS = {
     "safety.max_temperature": "servo temperature (deg C) that turns torque off",
 }
 
+# The node's own parameters, beside the driver's (name, default, description).
+NODE_PARAMETERS = [("autostart", True, "configure at start-up (open the port, check the servos, load the "
+                                       "policy); false: wait for a lifecycle 'configure'")]
+
 # launch argument -> parameter; an empty argument keeps config/reach.yaml's value.
 LAUNCH_ARGUMENTS = {"port": "port", "policy": "policy", "calibration": "calibration", "rate": "rate_hz"}
+# Launch switches (true/false) that add processes rather than set parameters.
+LAUNCH_SWITCHES = {"rviz": "robot_state_publisher and RViz with the shipped config",
+                   "use_emulator": "start `soarm emulate` on a link and point the node at it (a dry run)"}
+EMULATOR_LINK = "/tmp/so_arm101_emulator"      # the pty's symlink in a use_emulator:=true launch
+EMULATOR_READY = "SO-101 servo bus"            # the line `soarm emulate` prints once it answers
+SHIPPED_POLICY = REPO_ROOT / "data" / "policies" / "reach.onnx"
+
+
+def ranges() -> dict[str, tuple[float, float]]:
+    """Parameter -> (low, high), for the descriptors `ros2 param describe` shows."""
+    return {**DriverCfg.BOUNDS, **{f"safety.{k}": v for k, v in SafetyCfg.BOUNDS.items()}}
 
 
 def declarations() -> list[tuple[str, Any, str]]:
@@ -56,6 +72,20 @@ def declarations() -> list[tuple[str, Any, str]]:
 
 # Parameters every rclpy node owns; a parameter file may set them.
 ROS_OWNED = ("use_sim_time", "start_type_description_service", "qos_overrides.")
+
+
+def from_overrides(overrides: dict[str, Any]) -> tuple[DriverCfg, dict[str, Any]]:
+    """The driver's config and the node's own values from a parameter file's overrides
+    (name -> rclpy Parameter or value) over the defaults; ConfigError (one line) if any
+    value is invalid or a key unknown."""
+    given = {name: getattr(p, "value", p) for name, p in overrides.items() if not name.startswith(ROS_OWNED)}
+    node = {name: given.pop(name, default) for name, default, _ in NODE_PARAMETERS}
+    for name, default, _ in NODE_PARAMETERS:
+        if type(node[name]) is not type(default):
+            raise config.ConfigError(f"parameters: {name}: expected {type(default).__name__}, got {node[name]!r}")
+    values = {name: default for name, default, _ in declarations()}
+    values.update(given)
+    return to_cfg(values), node
 
 
 def undeclared(overrides: dict[str, Any], declared: dict[str, Any]) -> dict[str, Any]:
@@ -82,8 +112,26 @@ def to_cfg(values: dict[str, Any]) -> DriverCfg:
     return config.from_dict(DriverCfg, nested(values), "parameters")
 
 
-def launch_parameters(arguments: dict[str, str]) -> dict[str, Any]:
-    """Parameter overrides from launch arguments (strings); empty ones are left out."""
+def launch_switch(arguments: dict[str, str], name: str) -> bool:
+    text = arguments.get(name, "false").strip().lower()
+    if text not in ("true", "false"):
+        raise config.ConfigError(f"launch argument {name}:={text!r}: true or false")
+    return text == "true"
+
+
+def emulator_command(arguments: dict[str, str], ready_file: str, calibration_out: str) -> list[str]:
+    """`soarm emulate` for use_emulator:=true: on EMULATOR_LINK, assembled as the given
+    calibration describes (only read), or writing its own to `calibration_out`."""
+    cal = arguments.get("calibration", "").strip()
+    return ["soarm", "emulate", "--link", EMULATOR_LINK, "--ready-file", ready_file, "--quiet",
+            *(("--calibration", cal) if cal else ("--calibrate", calibration_out))]
+
+
+def launch_parameters(arguments: dict[str, str], emulator_calibration: str = "") -> dict[str, Any]:
+    """Parameter overrides from launch arguments (strings); empty ones are left out. With
+    use_emulator:=true the port is the emulator's link, the calibration the one it was
+    assembled from (`emulator_calibration` when none is given) and the policy, if none is
+    given, the shipped one."""
     types = {name: typing.get_type_hints(DriverCfg)[name] for name in LAUNCH_ARGUMENTS.values()}
     out: dict[str, Any] = {}
     for arg, param in LAUNCH_ARGUMENTS.items():
@@ -95,4 +143,12 @@ def launch_parameters(arguments: dict[str, str]) -> dict[str, Any]:
         except ValueError:
             raise config.ConfigError(f"launch argument {arg}:={text!r} is not a valid {types[param].__name__}") \
                 from None
+    if launch_switch(arguments, "use_emulator"):
+        if "port" in out:
+            raise config.ConfigError(f"launch argument port:={out['port']!r} and use_emulator:=true exclude each "
+                                     f"other (the emulator's port is {EMULATOR_LINK})")
+        out["port"] = EMULATOR_LINK
+        out.setdefault("calibration", emulator_calibration)
+        if "policy" not in out and SHIPPED_POLICY.is_file():
+            out["policy"] = str(SHIPPED_POLICY)
     return out
