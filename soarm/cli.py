@@ -206,6 +206,7 @@ def _servo_fit(args) -> int:
     from soarm.training import servo_id
 
     logs = [servo_id.load_bench_log(p) for p in args.logs]
+    motor = servo_id.check_same_motor(logs)
     fits = {}
     for model in (servo_id.OURS, servo_id.BASELINE):
         t0 = time.time()
@@ -214,16 +215,26 @@ def _servo_fit(args) -> int:
             progress=lambda i, c, m=model: print(f"  {m.name}: iteration {i + 1}/{args.iterations}, "
                                                  f"mean RMS {c * 1000:.2f} mrad", flush=True))
         print(f"fitted {model.name} in {time.time() - t0:.0f} s")
-    servo_id.save_fit(fits, [str(Path(p).name) for p in args.logs], args.out)
+    servo_id.save_fit(fits, [str(Path(p).name) for p in args.logs], args.out, motor)
     print(f"wrote {args.out}")
-    return _report(logs, fits, args.plot)
+    print("in sample (fitted on every log):")
+    rc = _report(logs, fits, args.plot)
+    if len(logs) > 1:
+        print("held out (fitted on one log, scored on another):")
+        rows = servo_id.cross_validate(logs, args.iterations, args.population, args.seed,
+                                       progress=lambda i: print(f"  fold {i + 1}/{len(logs)} fitted", flush=True))
+        print(f"{'held out':55s} {'servo model':>12s} {'fitted PD':>12s}  (RMS, mrad; fitted on the other log)")
+        for r in rows:
+            print(f"{r['held_out']:55s} {r['sts_servo'] * 1000:12.2f} {r['implicit_pd'] * 1000:12.2f}")
+    return rc
 
 
 def _servo_check(args) -> int:
     from soarm.training import servo_id
 
-    fits = servo_id.load_fit(args.fit)
+    fits, motor = servo_id.load_fit(args.fit)
     logs = [servo_id.load_bench_log(p) for p in args.logs]
+    servo_id.check_same_motor(logs, motor)
     return _report(logs, fits, args.plot)
 
 

@@ -7,8 +7,10 @@ bench at once; `fit` searches parameters by the cross-entropy method in log spac
 same search for both models so that neither gets a better optimizer than the other.
 
     our model  ServoParams (soarm.servo) + the bench's angle offset
-    baseline   Isaac Lab's implicit actuator: tau = clip(kp (goal - q) - kd qd, +-effort),
-               with joint armature and Coulomb friction, + the bench's angle offset
+    baseline   Isaac Lab's implicit actuator: tau = clip(kp (goal - q) - kd qd, +-effort)
+               while torque is on, with joint armature and joint friction (viscous and
+               Coulomb, in both torque states, as Isaac Lab's joint friction acts), + the
+               bench's angle offset
 """
 
 from __future__ import annotations
@@ -30,9 +32,15 @@ from soarm.files import atomic_write
 SUBSTEP = 0.002   # s, integration step inside each logged interval
 
 
+MIN_SAMPLES = 20           # a log shorter than this cannot pin a step response
+MIN_SPAN = 0.05            # rad: the positions must span at least this (motion to fit)
+VIN_TOLERANCE = 0.15       # the header's supply voltage and the servo's median reading agree within 15 %
+
+
 @dataclass
 class BenchLog:
     name: str
+    motor: str             # servo type, e.g. "sts3250": a fit holds for one type
     kp: int
     mass: float
     length: float
@@ -57,14 +65,45 @@ def load_bench_log(path: str | Path) -> BenchLog:
         cols = {k: np.array([e[k] for e in entries], dtype=float)
                 for k in ("timestamp", "goal_position", "position", "input_volts")}
         enabled = np.array([bool(e["torque_enable"]) for e in entries])
-        log = BenchLog(path.stem, int(raw["kp"]), float(raw["mass"]), float(raw["length"]),
+        log = BenchLog(path.stem, str(raw["motor"]), int(raw["kp"]), float(raw["mass"]), float(raw["length"]),
                        float(raw["vin"]), cols["timestamp"], cols["goal_position"], cols["position"],
                        cols["input_volts"], enabled)
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"{path}: not a servo bench log ({type(e).__name__}: {e})") from None
-    if len(log.t) < 2 or np.any(np.diff(log.t) <= 0) or not all(np.isfinite(v).all() for v in cols.values()):
-        raise ConfigError(f"{path}: timestamps must increase and all values be finite")
+    _check(path, log, cols)
     return log
+
+
+def _check(path: Path, log: BenchLog, cols: dict[str, np.ndarray]) -> None:
+    """What a fit needs of a log and of its header: one line naming the problem."""
+    if not all(np.isfinite(v).all() for v in cols.values()):
+        raise ConfigError(f"{path}: a value is not finite")
+    if len(log.t) < MIN_SAMPLES:
+        raise ConfigError(f"{path}: too short ({len(log.t)} samples; need at least {MIN_SAMPLES})")
+    back = np.flatnonzero(np.diff(log.t) <= 0)
+    if len(back):
+        k = int(back[0])
+        raise ConfigError(f"{path}: timestamps go backwards at entry {k + 1} ({log.t[k]:.4f} -> {log.t[k + 1]:.4f} s)")
+    if not log.enabled.any():
+        raise ConfigError(f"{path}: torque is off throughout (nothing drives the servo to fit)")
+    span = float(np.ptp(log.position))
+    if span < MIN_SPAN:
+        raise ConfigError(f"{path}: no motion (positions span {span:.4f} rad; need {MIN_SPAN})")
+    if not (1 <= log.kp <= 254 and log.mass > 0 and log.length > 0 and log.vin > 0):
+        raise ConfigError(f"{path}: header kp {log.kp}, mass {log.mass} kg, length {log.length} m, vin {log.vin} V: "
+                          f"need kp in 1..254 and positive mass, length and vin")
+    measured = float(np.median(log.volts))
+    if abs(measured - log.vin) > VIN_TOLERANCE * log.vin:
+        raise ConfigError(f"{path}: header vin {log.vin:g} V but the servo reported a median of {measured:.2f} V")
+
+
+def check_same_motor(logs: list[BenchLog], motor: str | None = None) -> str:
+    """The one servo type of `logs` (and of a fit, where given); ConfigError naming the odd log."""
+    motor = motor or logs[0].motor
+    for log in logs:
+        if log.motor != motor:
+            raise ConfigError(f"{log.name}: motor '{log.motor}', but the fit is of '{motor}'")
+    return motor
 
 
 # ------------------------------------------------------------------ the two models
@@ -87,7 +126,7 @@ OURS = Model("sts_servo", {
 })
 BASELINE = Model("implicit_pd", {
     "stiffness": (1.0, 300.0), "damping": (0.01, 10.0), "effort": (0.3, 15.0),
-    "armature": (0.001, 0.1), "friction": (0.005, 0.6), "offset": (-0.2, 0.2),
+    "armature": (0.001, 0.1), "friction": (0.005, 0.6), "viscous": (0.001, 0.5), "offset": (-0.2, 0.2),
 })
 LINEAR = {"offset"}     # searched linearly (can be negative); the rest in log space
 
@@ -123,7 +162,7 @@ def replay(model: Model, values: dict[str, torch.Tensor], log: BenchLog) -> torc
                                             voltage=float(log.volts[k]), enabled=on)
             else:
                 drive = torch.clamp(col["stiffness"] * (goal - q) - col["damping"] * qd, -col["effort"], col["effort"])
-                tau = drive if on else torch.zeros_like(q)
+                tau = (drive if on else torch.zeros_like(q)) - col["viscous"] * qd
                 coulomb = col["friction"]
             q, qd = integrate(q, qd, M, tau + g, coulomb, dt)
         out[:, k + 1] = q[:, 0]
@@ -174,23 +213,40 @@ def evaluate(model: Model, values: dict[str, float], log: BenchLog) -> float:
     return float(rms(model, {k: torch.tensor([v]) for k, v in values.items()}, log)[0])
 
 
+def cross_validate(logs: list[BenchLog], iterations: int, population: int, seed: int = 0,
+                   progress=None) -> list[dict]:
+    """Each model fitted on each log alone and scored on every other log (held out): what a
+    fit says about motion it was not fitted on. One row per (fitted on, held out) pair."""
+    rows = []
+    for i, train in enumerate(logs):
+        fits = {m.name: fit(m, [train], iterations, population, seed) for m in (OURS, BASELINE)}
+        for j, test in enumerate(logs):
+            if j != i:
+                rows.append({"fitted_on": train.name, "held_out": test.name,
+                             **{m.name: evaluate(m, fits[m.name], test) for m in (OURS, BASELINE)}})
+        if progress:
+            progress(i)
+    return rows
+
+
 # ------------------------------------------------------------------ reports
 def compare(logs: list[BenchLog], fits: dict[str, dict[str, float]]) -> list[dict]:
     return [{"log": log.name, "servo_model": evaluate(OURS, fits[OURS.name], log),
              "pd_baseline": evaluate(BASELINE, fits[BASELINE.name], log)} for log in logs]
 
 
-def save_fit(fits: dict[str, dict[str, float]], logs: list[str], path: str | Path) -> None:
+def save_fit(fits: dict[str, dict[str, float]], logs: list[str], path: str | Path, motor: str) -> None:
     import yaml
 
-    doc = {"fitted_on": logs, "substep_s": SUBSTEP, **{k: {n: float(f"{v:.6g}") for n, v in fit.items()}
+    doc = {"motor": motor, "fitted_on": logs, "substep_s": SUBSTEP, **{k: {n: float(f"{v:.6g}") for n, v in fit.items()}
                                                        for k, fit in fits.items()}}
     text = "# Written by `soarm servo-fit`: the servo model and the fitted PD baseline.\n" + yaml.safe_dump(
         doc, sort_keys=False)
     atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
-def load_fit(path: str | Path) -> dict[str, dict[str, float]]:
+def load_fit(path: str | Path) -> tuple[dict[str, dict[str, float]], str]:
+    """(the two models' parameters, the servo type they were fitted on)."""
     import yaml
 
     path = Path(path)
@@ -204,7 +260,9 @@ def load_fit(path: str | Path) -> dict[str, dict[str, float]]:
         if not isinstance(part, dict) or set(part) != set(model.bounds):
             raise ConfigError(f"{path}: '{model.name}' must give exactly {sorted(model.bounds)}")
         out[model.name] = {k: float(v) for k, v in part.items()}
-    return out
+    if not isinstance(doc.get("motor"), str):
+        raise ConfigError(f"{path}: 'motor' must name the servo type the fit was made on")
+    return out, doc["motor"]
 
 
 def plot(logs: list[BenchLog], fits: dict[str, dict[str, float]], path: str | Path) -> None:
