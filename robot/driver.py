@@ -143,6 +143,7 @@ class ReachDriver:
         self._requests: queue.Queue[_Request] = queue.Queue()
         self._stop = threading.Event()
         self._wake = threading.Event()            # a request is waiting: serve it now, not next tick
+        self._ready = threading.Event()           # the first connect (and enable_on_start) is done
         self._thread: threading.Thread | None = None
         self.read_failures = 0
         self._last_sample: tuple[float, list[float]] | None = None     # (time, positions) last published
@@ -153,6 +154,10 @@ class ReachDriver:
         self._thread = threading.Thread(target=self._run, name="soarm-bus", daemon=True)
         self._thread.start()
         return self
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait for the bus thread's first verdict (connected, or a fault in `reason`)."""
+        return self._ready.wait(timeout)
 
     def enable(self, timeout: float = 10.0) -> tuple[bool, str]:
         return self._request(_Request("enable"), timeout)
@@ -264,6 +269,7 @@ class ReachDriver:
                 self._enable(_Request("enable"))
         except Exception as e:  # noqa: BLE001 - whatever it was, the arm ends safe
             self._fault(_internal(e))
+        self._ready.set()
         ticker = Ticker(self.rate)
         k = 0
         while not self._stop.is_set():

@@ -125,10 +125,13 @@ def test_parameters_are_validated_at_the_edge():
     with pytest.raises(config.ConfigError, match=r"safety.max_step: 100.0 is outside 0.0001..0.25"):
         params.to_cfg({"port": "/dev/x", "policy": "p", "calibration": "c", "safety.max_step": 100.0})
     assert params.to_cfg({"port": "/dev/x", "policy": "p", "calibration": "c", "rate_hz": 30}).rate_hz == 30.0
-    extra = params.undeclared({"safety.max_speed": 1.0, "use_sim_time": False}, {"safety.max_step": 0.08})
-    assert extra == {"safety.max_speed": 1.0}
+    need = {"port": "/dev/x", "policy": "p", "calibration": "c"}
+    cfg, own = params.from_overrides({**need, "use_sim_time": False, "autostart": False})   # ROS's own keys pass
+    assert cfg.port == "/dev/x" and own == {"autostart": False}
     with pytest.raises(config.ConfigError, match="unknown key 'safety.max_speed'"):
-        params.to_cfg({"port": "/dev/x", "policy": "p", "calibration": "c", **extra})
+        params.from_overrides({**need, "safety.max_speed": 1.0, "use_sim_time": False})
+    with pytest.raises(config.ConfigError, match="autostart: expected bool"):
+        params.from_overrides({**need, "autostart": "yes"})
 
 
 @pytest.fixture

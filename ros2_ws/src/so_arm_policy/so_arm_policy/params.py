@@ -83,16 +83,7 @@ def from_overrides(overrides: dict[str, Any]) -> tuple[DriverCfg, dict[str, Any]
     for name, default, _ in NODE_PARAMETERS:
         if type(node[name]) is not type(default):
             raise config.ConfigError(f"parameters: {name}: expected {type(default).__name__}, got {node[name]!r}")
-    values = {name: default for name, default, _ in declarations()}
-    values.update(given)
-    return to_cfg(values), node
-
-
-def undeclared(overrides: dict[str, Any], declared: dict[str, Any]) -> dict[str, Any]:
-    """The parameter overrides (name -> rclpy Parameter or value) that are neither ours nor
-    ROS's own, as plain values."""
-    return {name: getattr(p, "value", p) for name, p in overrides.items()
-            if name not in declared and not name.startswith(ROS_OWNED)}
+    return to_cfg(given), node
 
 
 def nested(values: dict[str, Any]) -> dict[str, Any]:

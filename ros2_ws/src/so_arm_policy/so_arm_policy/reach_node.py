@@ -113,11 +113,10 @@ class ReachNode(LifecycleNode):
             self.error = str(e).splitlines()[0]
             self.get_logger().error(f"not configured: {self.error}")
             return ERROR
-        self.driver.start()
-        t_end = time.monotonic() + CONNECT_TIMEOUT_S
-        while self.driver.reason == "starting" and time.monotonic() < t_end:
-            time.sleep(0.02)
-        if self.driver.state == FAULT or self.driver.reason == "starting":
+        if not self.driver.start().wait_ready(CONNECT_TIMEOUT_S):
+            self.error = f"no verdict from the bus thread within {CONNECT_TIMEOUT_S:g} s"
+            return ERROR
+        if self.driver.state == FAULT:
             self.error = self.driver.reason
             return ERROR
         d = self.driver
