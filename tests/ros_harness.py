@@ -19,6 +19,11 @@ import yaml
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random(os.getpid()).randint(1, 200)))
 os.environ.setdefault("AMENT_PREFIX_PATH", sys.prefix)
 os.environ.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
+# UDP on loopback only: Fast DDS's shared-memory transport keeps interprocess locks in
+# /dev/shm, and a participant that dies holding one (a node killed after its stop timed out)
+# can leave the next participant's creation blocked forever, a hang no test timeout reaches.
+os.environ.setdefault("FASTDDS_BUILTIN_TRANSPORTS", "UDPv4")
+os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
 
 import rclpy  # noqa: E402
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
@@ -46,15 +51,13 @@ class Client:
         self.services = {n: self.node.create_client(Trigger, n) for n in ("enable", "disable", "estop")}
         self.executor = SingleThreadedExecutor(context=self.ctx)
         self.executor.add_node(self.node)
+        self._closing = threading.Event()
         self.thread = threading.Thread(target=self._spin, daemon=True)
         self.thread.start()
 
     def _spin(self):
-        while self.ctx.ok():
-            try:
-                self.executor.spin_once(timeout_sec=0.05)
-            except Exception:  # noqa: BLE001 - shutdown race
-                return
+        while not self._closing.is_set():
+            self.executor.spin_once(timeout_sec=0.05)
 
     def _on_joints(self, msg):
         self.joints.append((time.monotonic(), list(msg.position)))
@@ -98,7 +101,12 @@ class Client:
         raise AssertionError(f"timed out waiting; last diagnostics: {self.diag[-1:]}")
 
     def close(self):
-        self.executor.shutdown()
+        """Stop spinning first, then tear down: rclpy's executor shutdown does not wait for a
+        spin in another thread, and destroying a node under a running wait races with it."""
+        self._closing.set()
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive(), "the client's spin thread did not stop"
+        self.executor.shutdown(timeout_sec=5)
         self.node.destroy_node()
         rclpy.try_shutdown(context=self.ctx)
 
