@@ -207,21 +207,22 @@ def _servo_fit(args) -> int:
 
     logs = [servo_id.load_bench_log(p) for p in args.logs]
     motor = servo_id.check_same_motor(logs)
+    sheet = servo_id.load_datasheet(motor)
     fits = {}
     for model in (servo_id.OURS, servo_id.BASELINE):
         t0 = time.time()
         fits[model.name] = servo_id.fit(
-            model, logs, iterations=args.iterations, population=args.population, seed=args.seed,
+            model, logs, sheet, iterations=args.iterations, population=args.population, seed=args.seed,
             progress=lambda i, c, m=model: print(f"  {m.name}: iteration {i + 1}/{args.iterations}, "
                                                  f"mean RMS {c * 1000:.2f} mrad", flush=True))
         print(f"fitted {model.name} in {time.time() - t0:.0f} s")
-    servo_id.save_fit(fits, [str(Path(p).name) for p in args.logs], args.out, motor)
+    servo_id.save_fit(fits, [str(Path(p).name) for p in args.logs], args.out, motor, sheet)
     print(f"wrote {args.out}")
     print("in sample (fitted on every log):")
     rc = _report(logs, fits, args.plot)
     if len(logs) > 1:
         print("held out (fitted on one log, scored on another):")
-        rows = servo_id.cross_validate(logs, args.iterations, args.population, args.seed,
+        rows = servo_id.cross_validate(logs, sheet, args.iterations, args.population, args.seed,
                                        progress=lambda i: print(f"  fold {i + 1}/{len(logs)} fitted", flush=True))
         print(f"{'held out':55s} {'servo model':>12s} {'fitted PD':>12s}  (RMS, mrad; fitted on the other log)")
         for r in rows:

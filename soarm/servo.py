@@ -64,6 +64,39 @@ class ServoParams:
 
 
 @dataclass
+class Datasheet:
+    """A servo type's published ratings at the supply voltage it is rated at."""
+    voltage: float                   # V
+    stall_torque: float              # N m at the output
+    no_load_speed: float             # rad/s at the output
+    gear_ratio: float                # motor turns per output turn
+    source: str = ""
+
+    def validate(self) -> None:
+        for name in ("voltage", "stall_torque", "no_load_speed", "gear_ratio"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+
+    def motor_constants(self, speed_ratio, torque_ratio, max_pwm: float):
+        """(kt, R) of a motor whose no-load speed and stall torque at full duty and this
+        voltage are speed_ratio and torque_ratio times the rated ones (floats or tensors)."""
+        volts = max_pwm * self.voltage
+        kt = volts / (speed_ratio * self.no_load_speed)
+        return kt, kt * volts / (torque_ratio * self.stall_torque)
+
+    def ratios(self, p: ServoParams) -> tuple[float, float]:
+        """(no-load speed, stall torque) of `p` at this voltage, relative to the ratings."""
+        volts = p.max_pwm * self.voltage
+        return volts / p.kt / self.no_load_speed, p.kt / p.resistance * volts / self.stall_torque
+
+
+@dataclass
+class Datasheets:
+    """configs/servo/datasheets.yaml: servo type name -> its ratings."""
+    motors: dict[str, Datasheet] = field(default_factory=dict)
+
+
+@dataclass
 class ServoRegisters:
     """What the host writes to the servo's control table (LeRobot's SO-101 defaults)."""
     p: int = 16
@@ -84,6 +117,7 @@ class ServoRegisters:
 @dataclass
 class ServoConfig:
     """A servo YAML file (configs/servo/): identified parameters, registers, provenance."""
+    motor: str = ""                  # servo type, a key of configs/servo/datasheets.yaml
     params: ServoParams = field(default_factory=ServoParams)
     registers: ServoRegisters = field(default_factory=ServoRegisters)
     source: str = ""

@@ -6,7 +6,9 @@ positions it reported. `replay` runs a batch of K candidate parameter sets throu
 bench at once; `fit` searches parameters by the cross-entropy method in log space, the
 same search for both models so that neither gets a better optimizer than the other.
 
-    our model  ServoParams (soarm.servo) + the bench's angle offset
+    our model  ServoParams (soarm.servo) + the bench's angle offset; the motor's kt and R
+               are searched as its no-load speed and stall torque relative to the servo
+               type's datasheet (configs/servo/datasheets.yaml), within RATIO_BOUNDS
     baseline   Isaac Lab's implicit actuator: tau = clip(kp (goal - q) - kd qd, +-effort)
                while torque is on, with joint armature and joint friction (viscous and
                Coulomb, in both torque states, as Isaac Lab's joint friction acts), + the
@@ -24,12 +26,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from soarm import CONFIG_DIR, config
 from soarm.config import ConfigError
 from soarm.dynamics import GRAVITY
-from soarm.servo import ServoParams, ServoRegisters, ServoState, integrate, quantize, servo_torque
+from soarm.servo import (Datasheet, Datasheets, ServoParams, ServoRegisters, ServoState, integrate, quantize,
+                         servo_torque)
 from soarm.files import atomic_write
 
 SUBSTEP = 0.002   # s, integration step inside each logged interval
+DATASHEETS = CONFIG_DIR / "servo" / "datasheets.yaml"
 
 
 MIN_SAMPLES = 20           # a log shorter than this cannot pin a step response
@@ -106,6 +111,13 @@ def check_same_motor(logs: list[BenchLog], motor: str | None = None) -> str:
     return motor
 
 
+def load_datasheet(motor: str, path: str | Path = DATASHEETS) -> Datasheet:
+    sheets = config.load(Datasheets, path).motors
+    if motor not in sheets:
+        raise ConfigError(f"{path}: no datasheet for motor '{motor}' (known: {', '.join(sorted(sheets))})")
+    return sheets[motor]
+
+
 # ------------------------------------------------------------------ the two models
 # Each model is a vector of named parameters searched in log space within bounds.
 
@@ -118,10 +130,17 @@ class Model:
         return {k: math.sqrt(lo * hi) if lo > 0 else 0.5 * (lo + hi) for k, (lo, hi) in self.bounds.items()}
 
 
+# The motor's no-load speed and stall torque as multiples of the datasheet's. Wide enough for
+# unit spread and optimistic ratings (BAM's independently identified STS3215 set is 1.09x the
+# rated speed and 1.70x the rated torque), narrow enough that back-EMF is pinned by physics.
+# The firmware's speed limit with Goal_Speed 0 ("as fast as it goes") is about the motor's
+# rated no-load speed (BAM measured 0.95x on the STS3215): slow logs cannot tell, and a lower
+# one would cap fast moves.
+RATIO_BOUNDS = {"speed_ratio": (0.8, 1.6), "torque_ratio": (0.7, 1.8), "profile_ratio": (0.9, 3.0)}
 OURS = Model("sts_servo", {
-    "kt": (0.3, 4.0), "resistance": (0.5, 10.0), "armature": (0.001, 0.1),
+    **RATIO_BOUNDS, "armature": (0.001, 0.1),
     "friction_coulomb": (0.005, 0.6), "friction_viscous": (0.001, 0.5), "friction_load": (0.005, 0.5),
-    "error_gain": (0.03, 1.0), "d_gain": (1e-5, 0.01), "max_velocity": (2.0, 30.0),
+    "error_gain": (0.03, 1.0), "d_gain": (1e-5, 0.01),
     "offset": (-0.2, 0.2),
 })
 BASELINE = Model("implicit_pd", {
@@ -131,13 +150,29 @@ BASELINE = Model("implicit_pd", {
 LINEAR = {"offset"}     # searched linearly (can be negative); the rest in log space
 
 
+def physical(model: Model, values: dict, datasheet: Datasheet) -> dict:
+    """The model's parameters in physical units: our motor's ratios become kt and R."""
+    if model is not OURS:
+        return dict(values)
+    out = {k: v for k, v in values.items() if k not in RATIO_BOUNDS}
+    out["kt"], out["resistance"] = datasheet.motor_constants(values["speed_ratio"], values["torque_ratio"],
+                                                             ServoParams.max_pwm)
+    out["max_velocity"] = values["profile_ratio"] * datasheet.no_load_speed
+    return out
+
+
+def physical_keys(model: Model) -> set[str]:
+    return set(physical(model, dict.fromkeys(model.bounds, 1.0), Datasheet(1.0, 1.0, 1.0, 1.0)))
+
+
 def servo_params(values: dict, voltage: float = 12.0) -> ServoParams:
     keys = {f.name for f in dataclasses.fields(ServoParams)}
     return ServoParams(**{k: v for k, v in values.items() if k in keys}, voltage=voltage)
 
 
 def replay(model: Model, values: dict[str, torch.Tensor], log: BenchLog) -> torch.Tensor:
-    """Simulated encoder positions [K, T] of the bench for K candidate parameter sets."""
+    """Simulated encoder positions [K, T] of the bench for K candidate parameter sets (in
+    physical units)."""
     K = next(iter(values.values())).shape[0]
     col = {k: v.reshape(K, 1).double() for k, v in values.items()}
     # The bench logs record only kp; D is taken as the factory 32 and no profile ramp.
@@ -176,9 +211,10 @@ def rms(model: Model, values: dict[str, torch.Tensor], log: BenchLog) -> torch.T
     return torch.sqrt(((sim - ref) ** 2).mean(-1))
 
 
-def fit(model: Model, logs: list[BenchLog], iterations: int = 25, population: int = 192,
+def fit(model: Model, logs: list[BenchLog], datasheet: Datasheet, iterations: int = 25, population: int = 192,
         seed: int = 0, progress=None) -> dict[str, float]:
-    """Cross-entropy search minimizing the mean RMS over `logs`."""
+    """Cross-entropy search minimizing the mean RMS over `logs`; the best parameters in
+    physical units."""
     g = torch.Generator().manual_seed(seed)
     names = list(model.bounds)
     lo = torch.tensor([model.bounds[k][0] for k in names], dtype=torch.float64)
@@ -195,7 +231,7 @@ def fit(model: Model, logs: list[BenchLog], iterations: int = 25, population: in
         x = mean + std * torch.randn(population, len(names), generator=g, dtype=torch.float64)
         x[0] = best if math.isfinite(best_cost) else mean
         x = torch.max(torch.min(x, x_hi), x_lo)
-        values = {k: from_x(x)[:, i] for i, k in enumerate(names)}
+        values = physical(model, {k: from_x(x)[:, i] for i, k in enumerate(names)}, datasheet)
         cost = torch.stack([rms(model, values, log) for log in logs]).mean(0)
         cost = torch.nan_to_num(cost, nan=1e9)
         order = torch.argsort(cost)
@@ -206,20 +242,21 @@ def fit(model: Model, logs: list[BenchLog], iterations: int = 25, population: in
         std = 0.7 * elite.std(0) + 0.3 * std * 0.5
         if progress:
             progress(it, best_cost)
-    return {k: float(from_x(best)[i]) for i, k in enumerate(names)}
+    return {k: float(v) for k, v in physical(model, {k: from_x(best)[i] for i, k in enumerate(names)},
+                                             datasheet).items()}
 
 
 def evaluate(model: Model, values: dict[str, float], log: BenchLog) -> float:
     return float(rms(model, {k: torch.tensor([v]) for k, v in values.items()}, log)[0])
 
 
-def cross_validate(logs: list[BenchLog], iterations: int, population: int, seed: int = 0,
+def cross_validate(logs: list[BenchLog], datasheet: Datasheet, iterations: int, population: int, seed: int = 0,
                    progress=None) -> list[dict]:
     """Each model fitted on each log alone and scored on every other log (held out): what a
     fit says about motion it was not fitted on. One row per (fitted on, held out) pair."""
     rows = []
     for i, train in enumerate(logs):
-        fits = {m.name: fit(m, [train], iterations, population, seed) for m in (OURS, BASELINE)}
+        fits = {m.name: fit(m, [train], datasheet, iterations, population, seed) for m in (OURS, BASELINE)}
         for j, test in enumerate(logs):
             if j != i:
                 rows.append({"fitted_on": train.name, "held_out": test.name,
@@ -235,11 +272,13 @@ def compare(logs: list[BenchLog], fits: dict[str, dict[str, float]]) -> list[dic
              "pd_baseline": evaluate(BASELINE, fits[BASELINE.name], log)} for log in logs]
 
 
-def save_fit(fits: dict[str, dict[str, float]], logs: list[str], path: str | Path, motor: str) -> None:
+def save_fit(fits: dict[str, dict[str, float]], logs: list[str], path: str | Path, motor: str,
+             datasheet: Datasheet) -> None:
     import yaml
 
-    doc = {"motor": motor, "fitted_on": logs, "substep_s": SUBSTEP, **{k: {n: float(f"{v:.6g}") for n, v in fit.items()}
-                                                       for k, fit in fits.items()}}
+    doc = {"motor": motor, "fitted_on": logs, "substep_s": SUBSTEP,
+           "datasheet": dataclasses.asdict(datasheet), "ratio_bounds": {k: list(v) for k, v in RATIO_BOUNDS.items()},
+           **{k: {n: float(f"{v:.6g}") for n, v in fit.items()} for k, fit in fits.items()}}
     text = "# Written by `soarm servo-fit`: the servo model and the fitted PD baseline.\n" + yaml.safe_dump(
         doc, sort_keys=False)
     atomic_write(path, lambda tmp: tmp.write_text(text))
@@ -257,8 +296,8 @@ def load_fit(path: str | Path) -> tuple[dict[str, dict[str, float]], str]:
     out = {}
     for model in (OURS, BASELINE):
         part = doc.get(model.name) if isinstance(doc, dict) else None
-        if not isinstance(part, dict) or set(part) != set(model.bounds):
-            raise ConfigError(f"{path}: '{model.name}' must give exactly {sorted(model.bounds)}")
+        if not isinstance(part, dict) or set(part) != physical_keys(model):
+            raise ConfigError(f"{path}: '{model.name}' must give exactly {sorted(physical_keys(model))}")
         out[model.name] = {k: float(v) for k, v in part.items()}
     if not isinstance(doc.get("motor"), str):
         raise ConfigError(f"{path}: 'motor' must name the servo type the fit was made on")
