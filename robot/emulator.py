@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from soarm.description import RobotDescription, load_robot
 from soarm.robot import control_table as ct
-from soarm.robot.plant import PlantProcess
+from soarm.robot.plant import Perturbation, PlantProcess
 from soarm.servo import TICK
 
 PING, READ, WRITE, REG_WRITE, ACTION, SYNC_READ, SYNC_WRITE = 1, 2, 3, 4, 5, 0x82, 0x83
@@ -153,10 +153,11 @@ class ServoBusEmulator:
     def __init__(self, ids: tuple[int, ...] = (1, 2, 3, 4, 5, 6), robot: RobotDescription | None = None,
                  faults: FaultCfg | None = None, seed: int = 0, assembly_offset_ticks: int = 300,
                  q0: list[float] | None = None, physics_dt: float = 0.0056, compile: bool = False,
-                 plant: str = "armsim"):
+                 plant: str = "armsim", perturbation: Perturbation | None = None):
         """`compile`: fuse the physics step with torch.compile (about 15x faster per step,
         some seconds to compile once): real-time physics on a slow machine. `plant`: 'armsim'
-        (our training plant) or 'mujoco' (the published MJCF, robot/plant.py)."""
+        (our training plant) or 'mujoco' (the published MJCF, robot/plant.py); `perturbation`:
+        how the armsim arm differs from the nominal one (robot/plant.py)."""
         self.robot = robot or load_robot()
         if len(ids) != len(self.robot.joints):
             raise ValueError(f"{len(ids)} servo ids for {len(self.robot.joints)} joints")
@@ -167,7 +168,7 @@ class ServoBusEmulator:
         # Raw encoder reading at joint angle 0, different per unit and assembly.
         g = random.Random(seed)
         self.zero_raw = [ct.MIDDLE + g.randint(-assembly_offset_ticks, assembly_offset_ticks) for _ in ids]
-        self.plant = PlantProcess(self.robot, physics_dt, q0, compile, plant)
+        self.plant = PlantProcess(self.robot, physics_dt, q0, compile, plant, perturbation)
         self.master, self.slave = os.openpty()
         tty.setraw(self.master)
         self.port = os.ttyname(self.slave)

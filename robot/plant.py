@@ -10,6 +10,7 @@ backlog beyond MAX_BEHIND_S is dropped and counted in `PlantState.lag_s`, and th
 answering from the newest state. Nothing about the replies' timing depends on the physics.
 
     plant = PlantProcess(robot, q0=None)      # None: the pose the unpowered arm settles in
+    PlantProcess(robot, perturbation=Perturbation.draw(seed, J))    # an arm unlike the nominal one
     plant.command_goal(j, rad); plant.command_torque(j, True); plant.place(q)
     plant.state().q ...; plant.close()
 
@@ -19,8 +20,11 @@ commands = [place_seq, goal[J], torque[J], place_q[J]].
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import hashlib
 import json
+import math
 import multiprocessing as mp
 import os
 import sys
@@ -37,6 +41,30 @@ from soarm.files import atomic_write
 SERVO_FILE = CONFIG_DIR / "servo" / "sts3215_7v4.yaml"
 MAX_BEHIND_S = 0.05          # a larger backlog of physics is dropped: the simulated clock slows
 START_TIMEOUT_S = 300.0      # torch import, first rest-pose settle (cached after), compile
+CONTROL_HZ = 30.0            # the control rate latency is counted in (ReachCfg.control_hz)
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    """How an emulated arm differs, unannounced, from the nominal plant: an arm that
+    identification and transfer have not seen. Per joint, drawn from a seed within the spread
+    users report of real SO-101s (unit-to-unit gain, worn or greased gearboxes, ~1 deg of
+    backlash, printed links and payloads, a slow USB adapter)."""
+    friction_scale: tuple[float, ...]   # x Coulomb and viscous friction (log-uniform 0.5-2)
+    gain_scale: tuple[float, ...]       # x the firmware's loop gain (0.7-1.3)
+    mass_scale: tuple[float, ...]       # x each link's mass and inertia (0.8-1.2)
+    backlash: tuple[float, ...]         # rad of gear play (0-1.5 deg)
+    latency_s: float                    # goals reach the servos this late (0, 1 or 2 control ticks)
+
+    @classmethod
+    def draw(cls, seed: int, joints: int) -> "Perturbation":
+        g = np.random.default_rng(seed)
+
+        def uniform(lo: float, hi: float) -> tuple[float, ...]:
+            return tuple(float(x) for x in g.uniform(lo, hi, joints))
+        friction = tuple(math.exp(x) for x in uniform(math.log(0.5), math.log(2.0)))
+        return cls(friction_scale=friction, gain_scale=uniform(0.7, 1.3), mass_scale=uniform(0.8, 1.2),
+                   backlash=uniform(0.0, math.radians(1.5)), latency_s=int(g.integers(0, 3)) / CONTROL_HZ)
 
 
 @dataclass(frozen=True)
@@ -51,11 +79,13 @@ class PlantProcess:
     """Parent side: starts the physics process, reads its state, sends it commands."""
 
     def __init__(self, robot: RobotDescription, dt: float = 0.0056, q0: list[float] | None = None,
-                 compile: bool = False, kind: str = "armsim"):
-        """kind: 'armsim' (our training plant; `dt`, `compile` apply) or 'mujoco' (the
-        published MJCF, at its own time step)."""
+                 compile: bool = False, kind: str = "armsim", perturbation: Perturbation | None = None):
+        """kind: 'armsim' (our training plant; `dt`, `compile`, `perturbation` apply) or
+        'mujoco' (the published MJCF, at its own time step)."""
         if kind not in PLANTS:
             raise ValueError(f"unknown plant '{kind}'; known: {', '.join(PLANTS)}")
+        if perturbation is not None and kind != "armsim":
+            raise ValueError(f"a perturbed plant is ours (armsim), not '{kind}'")
         # Forked from a clean server process that has torch imported but never ran it: a plant
         # starts in a fraction of a second, and nothing forks a process holding torch threads.
         ctx = mp.get_context("forkserver")
@@ -67,8 +97,8 @@ class PlantProcess:
         self._stop = ctx.Event()
         ready = ctx.Event()
         self._proc = ctx.Process(target=_serve, name="soarm-plant", daemon=True,
-                                 args=(robot, dt, q0, compile, kind, self._state, self._cmd, self._lock, self._stop,
-                                       ready))
+                                 args=(robot, dt, q0, compile, kind, perturbation, self._state, self._cmd, self._lock,
+                                       self._stop, ready))
         self._proc.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         while not ready.wait(0.05):
@@ -137,9 +167,9 @@ PLANTS = ("armsim", "mujoco")
 
 
 class _ArmSimStepper:
-    """Our training plant, one arm: ArmSim with the STS3215 model."""
+    """Our training plant, one arm: ArmSim with the STS3215 model, perturbed where asked."""
 
-    def __init__(self, robot, dt: float, q0, compile: bool):
+    def __init__(self, robot, dt: float, q0, compile: bool, perturbation: Perturbation | None = None):
         import torch
 
         from soarm import config
@@ -148,11 +178,21 @@ class _ArmSimStepper:
 
         self.torch = torch
         servo_cfg = config.load(ServoConfig, SERVO_FILE)
-        self.sim = sim = ArmSim(robot, servo_cfg.params, servo_cfg.registers, 1, dt)
+        play = max(perturbation.backlash) if perturbation else 0.0
+        self.sim = sim = ArmSim(robot, servo_cfg.params, servo_cfg.registers, 1, dt, backlash=play)
         self.dt = dt
+        self.latency_s = perturbation.latency_s if perturbation else 0.0
+        if perturbation:
+            ph, row = sim.physics, lambda x: torch.tensor([x], dtype=torch.float32)
+            sim.physics = dataclasses.replace(
+                ph, coulomb=ph.coulomb * row(perturbation.friction_scale),
+                viscous=ph.viscous * row(perturbation.friction_scale), gain_scale=row(perturbation.gain_scale),
+                mass_scale=row(perturbation.mass_scale), backlash=row(perturbation.backlash))
         q_start = q0 if q0 is not None else rest_pose(sim)
         sim.reset(torch.ones(1, dtype=torch.bool), torch.tensor([q_start], dtype=torch.float32))
         sim.enabled[:] = False                               # servos power up with torque off
+        self.t = 0.0                                         # s, this plant's clock
+        self.sent = collections.deque([(0.0, sim.goal[0].numpy().copy())])   # goals on their way: (due, goal)
         if compile:
             sim.compile()
 
@@ -168,6 +208,11 @@ class _ArmSimStepper:
 
     def step(self, goal: np.ndarray, torque: np.ndarray) -> None:
         torch, sim = self.torch, self.sim
+        self.t += self.dt
+        self.sent.append((self.t + self.latency_s, np.array(goal)))
+        while len(self.sent) > 1 and self.sent[1][0] <= self.t + 1e-9:   # the newest goal that has arrived
+            self.sent.popleft()
+        goal = self.sent[0][1]
         on = self._row(torque)
         rising = on & ~sim.enabled
         if bool(rising.any()):
@@ -211,11 +256,11 @@ class _MujocoStepper:
         return d.qpos[self.arm.qadr].tolist(), d.qvel[self.arm.vadr].tolist()
 
 
-def _serve(robot, dt, q0, compile, kind, state_arr, cmd_arr, lock, stop, ready) -> None:
+def _serve(robot, dt, q0, compile, kind, perturbation, state_arr, cmd_arr, lock, stop, ready) -> None:
     import torch
 
     torch.set_num_threads(1)
-    plant = _MujocoStepper(robot, q0) if kind == "mujoco" else _ArmSimStepper(robot, dt, q0, compile)
+    plant = _MujocoStepper(robot, q0) if kind == "mujoco" else _ArmSimStepper(robot, dt, q0, compile, perturbation)
     dt = plant.dt
     J = len(robot.names)
     s = np.frombuffer(state_arr, dtype=np.float64)
@@ -264,13 +309,15 @@ def _serve(robot, dt, q0, compile, kind, state_arr, cmd_arr, lock, stop, ready) 
 
 def rest_pose(sim) -> list[float]:
     """Where the unpowered arm comes to rest when let go at home; settled once per robot,
-    servo model and step, then read from ~/.cache/soarm (the settling takes seconds eagerly)."""
+    servo model, physics and step, then read from ~/.cache/soarm (the settling takes seconds
+    eagerly)."""
     import torch
 
     robot = sim.robot
     home = dict(zip(robot.arm_joints, robot.home))
     q = [float(home.get(n, robot.gripper_hold)) for n in robot.names]
-    key = hashlib.sha256(repr((robot, sim.servo, sim.registers, sim.dt, q)).encode()).hexdigest()[:16]
+    physics = {k: v.tolist() for k, v in dataclasses.asdict(sim.physics).items()}
+    key = hashlib.sha256(repr((robot, sim.servo, sim.registers, sim.dt, q, physics)).encode()).hexdigest()[:16]
     path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "soarm" / f"rest-pose-{key}.json"
     try:
         return json.loads(path.read_text())

@@ -85,6 +85,7 @@ def _export(args) -> int:
 
 
 def _emulate(args) -> int:
+    import dataclasses
     import json
     import signal
     import threading
@@ -102,13 +103,26 @@ def _emulate(args) -> int:
     if args.calibrate and args.calibrate.exists():
         raise ConfigError(f"{args.calibrate} exists; --calibrate writes a new file and never overwrites one "
                           "(to run the emulated arm on an existing calibration: --calibration FILE)")
+    perturbation = None
+    if args.perturb is not None:
+        from soarm.description import load_robot
+        from soarm.robot.plant import Perturbation
+
+        if args.plant != "armsim":
+            raise ConfigError(f"--perturb: the perturbed plant is armsim, not {args.plant}")
+        perturbation = Perturbation.draw(args.perturb, len(load_robot().names))
+        if args.reveal:
+            atomic_write(args.reveal, lambda tmp: tmp.write_text(json.dumps(dataclasses.asdict(perturbation))))
+    elif args.reveal:
+        raise ConfigError("--reveal: only with --perturb SEED")
     cal = None
     if args.calibration:
         from soarm.calibration import calibration
         from soarm.description import load_robot
 
         cal = calibration.load(args.calibration, load_robot().names)
-    with ServoBusEmulator(faults=faults, seed=args.seed, compile=not args.no_compile, plant=args.plant) as emu:
+    with ServoBusEmulator(faults=faults, seed=args.seed, compile=not args.no_compile, plant=args.plant,
+                          perturbation=perturbation) as emu:
         signal.signal(signal.SIGUSR1, lambda *_: emu.unplug())
         if cal is not None:
             emu.assemble_as(cal)
@@ -126,7 +140,8 @@ def _emulate(args) -> int:
             port = f"{args.link} -> {emu.port}"
         if args.ready_file:          # the machine-readable handshake (EmulatorProcess reads it)
             atomic_write(args.ready_file, lambda tmp: tmp.write_text(json.dumps({"port": emu.port, "pid": os.getpid()})))
-        print(f"SO-101 servo bus (ids 1-6, STS3215, 1 Mbaud, {args.plant} physics) on {port}; Ctrl-C to stop",
+        physics = args.plant + (f", perturbed (seed {args.perturb}, hidden)" if perturbation else "")
+        print(f"SO-101 servo bus (ids 1-6, STS3215, 1 Mbaud, {physics} physics) on {port}; Ctrl-C to stop",
               flush=True)
         try:
             while not stop.wait(5):
@@ -328,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the arm's physics: our training plant, or the published MJCF in MuJoCo (independent)")
     p.add_argument("--no-compile", action="store_true",
                    help="step the physics eagerly: starts ~10 s sooner, each step slower")
+    p.add_argument("--perturb", type=int, default=None, metavar="SEED",
+                   help="an arm unlike the nominal one (armsim): friction, gain, link masses, backlash and "
+                        "latency drawn from SEED and not shown")
+    p.add_argument("--reveal", type=Path, default=None, metavar="FILE",
+                   help="with --perturb: write what was drawn to this JSON file (to check identification)")
     p.set_defaults(fn=_emulate)
 
     p = sub.add_parser("calibrate", help="LeRobot's SO-101 calibration on the arm")

@@ -133,3 +133,72 @@ def test_sigterm_stops_the_emulator_cleanly(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# ------------------------------------------------------------------ a perturbed arm (issue 19)
+def test_a_perturbed_arm_is_drawn_from_its_seed_within_the_stated_ranges():
+    import math
+
+    from soarm.robot.plant import CONTROL_HZ, Perturbation
+
+    assert Perturbation.draw(3, 6) == Perturbation.draw(3, 6) != Perturbation.draw(4, 6)
+    draws = [Perturbation.draw(seed, 6) for seed in range(200)]
+    for name, lo, hi in (("friction_scale", 0.5, 2.0), ("gain_scale", 0.7, 1.3), ("mass_scale", 0.8, 1.2),
+                         ("backlash", 0.0, math.radians(1.5))):
+        values = [x for d in draws for x in getattr(d, name)]
+        assert lo <= min(values) and max(values) <= hi, name
+        assert max(values) - min(values) > 0.8 * (hi - lo), name        # the whole range is visited
+    assert {round(d.latency_s * CONTROL_HZ, 9) for d in draws} == {0, 1, 2}
+
+
+def test_the_perturbed_plant_applies_every_difference(robot):
+    """In-process (no physics process): friction, gain, masses and backlash land in the
+    plant's physics, goals arrive `latency_s` late, and the arm moves differently."""
+    import numpy as np
+
+    from soarm.robot.plant import Perturbation, _ArmSimStepper
+
+    J = len(robot.names)
+    p = Perturbation(friction_scale=(2.0,) * J, gain_scale=(0.7,) * J, mass_scale=(1.2,) * J,
+                     backlash=(0.02,) * J, latency_s=2 / 30)
+    home = dict(zip(robot.arm_joints, robot.home))
+    q0 = [float(home.get(n, robot.gripper_hold)) for n in robot.names]
+    nominal, odd = _ArmSimStepper(robot, 0.0056, q0, False), _ArmSimStepper(robot, 0.0056, q0, False, p)
+    a, b = nominal.sim.physics, odd.sim.physics
+    assert np.allclose(b.coulomb, 2 * a.coulomb) and np.allclose(b.viscous, 2 * a.viscous)
+    assert np.allclose(b.gain_scale, 0.7) and np.allclose(b.mass_scale, 1.2) and np.allclose(b.backlash, 0.02)
+    assert odd.sim.gear_play and not nominal.sim.gear_play
+    goal = np.array(q0) + np.array([0.3] + [0.0] * (J - 1))
+    torque = np.ones(J, dtype=bool)
+    held = []
+    for _ in range(40):
+        for plant in (nominal, odd):
+            plant.step(goal, torque)
+        held.append(float(odd.sim.goal[0, 0]))
+    late = round(p.latency_s / odd.dt)
+    assert held[late - 2] == pytest.approx(q0[0], abs=2e-3) and held[late + 1] == pytest.approx(goal[0], abs=2e-3)
+    assert abs(nominal.state()[0][0] - odd.state()[0][0]) > 0.01
+
+
+def test_a_perturbed_emulator_answers_and_reveals_only_when_asked(tmp_path):
+    from dataclasses import asdict
+
+    from soarm.robot.emulator import EmulatorProcess
+    from soarm.robot.plant import Perturbation
+
+    reveal = tmp_path / "hidden.json"
+    with EmulatorProcess(tmp_path / "cal.json", args=("--no-compile", "--perturb", "3", "--reveal", str(reveal))) as emu:
+        bus = FeetechBus(emu.port, IDS)
+        bus.connect()
+        assert len(bus.sync_read("Present_Position")) == len(IDS)
+        bus.close()
+    assert json.loads(reveal.read_text()) == json.loads(json.dumps(asdict(Perturbation.draw(3, 6))))
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--perturb", "3", "--plant", "mujoco"), "--perturb: the perturbed plant is armsim, not mujoco"),
+    (("--reveal", "x.json"), "--reveal: only with --perturb SEED"),
+])
+def test_bad_perturbation_options_are_one_line(args, words):
+    r = run_cli("--no-compile", *args)
+    assert r.returncode == 2 and words in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
