@@ -19,6 +19,9 @@ MCAP (mcap.dev, the `mcap` library; ROS 2 bags use it too) with one JSON channel
         move         {name, pose (rad), max_step (rad)} while a joint move runs instead of the
                      policy (parking before torque off, home, park, a trajectory), or null;
                      logs written before it call this `park` and have no name
+        status       {servo id: {error_bits, temperature (deg C), load (per mille), voltage (V)}}
+                     polled since the previous tick (one servo each `status_every` ticks,
+                     round robin), or null; absent from older logs
 
 The writer works on `<name>.tmp` and renames it on close, so a finished log is whole.
 """

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -192,6 +192,7 @@ class ControlLoop:
         self._accepted: tuple[float, dict[int, int]] | None = None    # (time, ticks) of the last plausible one
         self.move: JointMove | None = None              # set: ticks move the arm through poses, no policy
         self.servo_status: dict = {}                     # servo id -> latest polled ServoStatus
+        self._polled: dict | None = None                 # polled since the last tick record: for the log
 
     # -------------------------------------------------------------- start
     def start(self) -> None:
@@ -208,8 +209,6 @@ class ControlLoop:
 
     def log_header(self) -> dict:
         """What a replay needs besides the ticks: joints, calibration, rate, policy."""
-        from dataclasses import asdict
-
         from soarm.contract import config_hash
 
         return {"source": "soarm", "arm_joints": self.arm, "gripper": self.gripper, "rate_hz": self.rate,
@@ -251,7 +250,9 @@ class ControlLoop:
                 "goal_policy": None if r.goal_policy is None else r.goal_policy.tolist(),
                 "goal_sent": None if d.goal is None else d.goal.tolist(),
                 "decision": d.kind, "events": d.events, "fault": r.fault,
-                "move": None if move is None else {"name": move.name, "pose": pose.tolist(), "max_step": max_step}})
+                "move": None if move is None else {"name": move.name, "pose": pose.tolist(), "max_step": max_step},
+                "status": self._polled})
+        self._polled = None
         if d.kind == TORQUE_OFF:
             self.shutdown()
             return TORQUE_OFF
@@ -312,6 +313,7 @@ class ControlLoop:
         except BusError:
             return                       # a missed poll; the watchdog covers a dead bus
         self.servo_status[sid] = st
+        self._polled = {sid: asdict(st)}
         self.safety.status(sid, st.error_bits, st.temperature)
 
     def _to_rad(self, ticks: dict[int, int]) -> np.ndarray:

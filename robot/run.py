@@ -68,23 +68,26 @@ def run(cfg: DriverCfg, targets: list[list[float]], hold_s: float,
     tip = _Fingertip(driver)
     driver.on_state = tip.on_state
     report = RunReport([list(map(float, t)) for t in checked])
-    driver.start()
     try:
-        t_end = time.monotonic() + CONNECT_TIMEOUT_S
-        while not driver.connected and driver.state != FAULT and time.monotonic() < t_end:
-            time.sleep(0.05)
-        if not driver.connected:
-            raise BusError(driver.reason if driver.state == FAULT else f"{cfg.port}: no connection within "
-                           f"{CONNECT_TIMEOUT_S:.0f} s")
-        ok, msg = driver.enable()
-        if not ok:
-            raise BusError(msg)
+        start_enabled(driver)
         _reach(driver, tip, checked, hold_s, report, out)
     except KeyboardInterrupt:
         report.fault = "interrupted (Ctrl-C); parked, torque off"
     finally:
         driver.close()                          # parks when enabled, then torque off
     return report
+
+
+def start_enabled(driver: ReachDriver) -> None:
+    """Start the bus thread, wait for the arm, enable (it holds where it is); BusError if not."""
+    driver.start()
+    if not driver.wait_ready(CONNECT_TIMEOUT_S):
+        raise BusError(f"{driver.cfg.port}: no answer from the bus thread within {CONNECT_TIMEOUT_S:.0f} s")
+    if not driver.connected:
+        raise BusError(driver.reason)
+    ok, msg = driver.enable()
+    if not ok:
+        raise BusError(msg)
 
 
 def _reach(driver: ReachDriver, tip: _Fingertip, targets: list[np.ndarray], hold_s: float,
