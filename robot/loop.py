@@ -22,7 +22,7 @@ import numpy as np
 from soarm.calibration.calibration import MotorCalibration, check_in_range, check_servos, rad_to_ticks, ticks_to_rad
 from soarm.export.runtime import PolicyError, PolicyRuntime
 from soarm.robot.bus import BusError, FeetechBus
-from soarm.robot.safety import COMMAND, TORQUE_OFF, Decision, SafetyLayer, fatal_faults
+from soarm.robot.safety import COMMAND, TORQUE_OFF, Decision, SafetyLayer
 from soarm.servo import TICK, TICKS_PER_REV as TICKS
 
 # No SO-101 joint turns faster than this: the STS3215's no-load speed is about 5 rad/s at
@@ -296,13 +296,11 @@ class ControlLoop:
                     if attempt == 2:
                         raise
             self.servo_status[sid] = st
-            faults = fatal_faults(st.error_bits)
+            faults = self.safety.servo_faults(st.error_bits, st.temperature)
             if faults:
                 raise ValueError(f"enable refused: servo {sid} ({name}) reports {' and '.join(faults)} "
-                                 f"(status 0x{st.error_bits:02x}); clear the cause and power-cycle the servo")
-            if st.temperature > self.safety.cfg.max_temperature:
-                raise ValueError(f"enable refused: servo {sid} ({name}) is at {st.temperature} deg C, above "
-                                 f"safety.max_temperature {self.safety.cfg.max_temperature}")
+                                 f"(status 0x{st.error_bits:02x}); clear the cause (an error bit needs a power "
+                                 f"cycle of the servo)")
 
     def poll_status(self, k: int) -> None:
         """Read the k-th servo's (round robin) status; a fault trips the safety layer."""

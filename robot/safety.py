@@ -148,12 +148,17 @@ class SafetyLayer:
         self.last = self.last + step
         return self._record(Decision(COMMAND, self.last.copy(), events))
 
+    def servo_faults(self, error_bits: int, temperature: int) -> list[str]:
+        """What makes a servo unfit to drive, by name: the one rule for enable, the polls while
+        enabled and the diagnostics."""
+        hot = [f"overheating ({temperature} deg C, above safety.max_temperature {self.cfg.max_temperature})"]
+        return fatal_faults(error_bits) + (hot if temperature > self.cfg.max_temperature else [])
+
     def status(self, sid: int, error_bits: int, temperature: int) -> None:
         """A polled servo status; a fault trips the layer (next decision: torque off)."""
-        if error_bits & FATAL_BITS:
-            self._trip(f"servo_{sid}_error_0x{error_bits:02x}", [])
-        elif temperature > self.cfg.max_temperature:
-            self._trip(f"servo_{sid}_overheat_{temperature}C", [])
+        if self.servo_faults(error_bits, temperature):
+            bits = error_bits & FATAL_BITS
+            self._trip(f"servo_{sid}_error_0x{error_bits:02x}" if bits else f"servo_{sid}_overheat_{temperature}C", [])
 
     def estop(self, reason: str = "estop") -> None:
         self._trip(reason, [])

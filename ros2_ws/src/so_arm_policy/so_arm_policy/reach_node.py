@@ -47,7 +47,6 @@ from so_arm_policy import params
 from soarm.description import load_robot
 from soarm.export.runtime import PolicyError
 from soarm.robot.driver import DISABLED, ENABLED, FAULT, PARKING, JointSample, ReachDriver, Trajectory
-from soarm.robot.safety import fatal_faults
 from soarm.robot.urdf_visual import robot_description
 
 SUCCESS, FAILURE, ERROR = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE, \
@@ -265,9 +264,8 @@ class ReachNode(LifecycleNode):
         status.values = [KeyValue(key=k, value=str(v)) for k, v in values.items()]
         out = [status]
         names = {c.id: n for n, c in driver.cal.items()}
-        hot = driver.cfg.safety.max_temperature
         for sid, s in sorted(d["servos"].items()):
-            faults = fatal_faults(s["error_bits"]) + (["overheating"] if s["temperature_c"] > hot else [])
+            faults = driver.safety.servo_faults(s["error_bits"], s["temperature_c"])
             out.append(DiagnosticStatus(
                 name=f"so_arm_policy: servo {sid} ({names.get(sid, '?')})", hardware_id=driver.cfg.port,
                 level=DiagnosticStatus.ERROR if faults else DiagnosticStatus.OK,
