@@ -41,7 +41,8 @@ from soarm.calibration import calibration  # noqa: E402
 from soarm.description import load_robot  # noqa: E402
 from soarm.export.runtime import PolicyRuntime  # noqa: E402
 from soarm.robot.bus import FeetechBus  # noqa: E402
-from soarm.robot.emulator import EmulatorProcess, FaultCfg, ServoBusEmulator  # noqa: E402
+from soarm.robot.emulator import FaultCfg, ServoBusEmulator  # noqa: E402
+from soarm.robot.emulator_process import EmulatorProcess  # noqa: E402
 from soarm.robot.loop import ControlLoop  # noqa: E402
 from soarm.robot.safety import SafetyCfg, SafetyLayer  # noqa: E402
 

@@ -28,7 +28,7 @@ from soarm import REPO_ROOT  # noqa: E402
 from soarm.description import load_robot  # noqa: E402
 from soarm.dynamics import ArmDynamics  # noqa: E402
 from soarm.reach import CommandCfg, sample_targets  # noqa: E402
-from soarm.robot.emulator import EmulatorProcess  # noqa: E402
+from soarm.robot.emulator_process import EmulatorProcess  # noqa: E402
 
 
 def main() -> None:

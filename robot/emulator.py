@@ -21,28 +21,29 @@ offset from the joint's zero: that is what calibration has to find.
 Faults (FaultCfg, seeded): dropped, late or corrupted replies, readings of random data with
 a valid checksum, replies longer than asked, error bits in every status packet, silent
 servos, and `unplug()`.
+
+The parts: robot/sts_protocol.py (instructions, framing, a servo's memory), robot/pty_link.py
+(the line), robot/plant.py (the physics process), this module (the servos on the bus: what
+each packet does, faults), robot/emulator_process.py (`soarm emulate` as a process, for
+tests) and robot/emulated_operator.py (a person at the arm for `soarm calibrate`).
 """
 
 from __future__ import annotations
 
-import os
 import random
-import select
 import termios
 import threading
 import time
-import tty
 from dataclasses import dataclass
 
 from soarm.description import RobotDescription, load_robot
 from soarm.robot import control_table as ct
 from soarm.robot.plant import Perturbation, PlantProcess
+from soarm.robot.pty_link import PtyLink
+from soarm.robot.sts_protocol import (ACTION, BAUD_RATES, BROADCAST, PING, READ, REG_WRITE, SYNC_READ, SYNC_WRITE,
+                                      WRITE, Servo, split_packets, status_packet)
 from soarm.servo import TICK
 
-PING, READ, WRITE, REG_WRITE, ACTION, SYNC_READ, SYNC_WRITE = 1, 2, 3, 4, 5, 0x82, 0x83
-# Baud_Rate register value -> line speed (the STS3215 manual's table); 0 (1 Mbaud) from the factory.
-BAUD_RATES = {0: 1_000_000, 1: 500_000, 2: 250_000, 3: 128_000, 4: 115_200, 5: 76_800, 6: 57_600, 7: 38_400}
-BROADCAST = 0xFE
 # Longest time from reading a packet to writing its reply: well inside the SDK's own
 # timeout (2 x 16 ms latency timer + 2 ms + the bytes' time, about 34 ms at 1 Mbaud).
 REPLY_BUDGET_S = 0.005
@@ -60,93 +61,6 @@ class FaultCfg:
     error_bits: int = 0             # OR-ed into every status packet (e.g. 0x20 overload)
     silent_ids: tuple[int, ...] = ()
     seed: int = 0
-
-
-def checksum(body) -> int:
-    return ~sum(body) & 0xFF
-
-
-def status_packet(servo_id: int, error: int, params=()) -> bytes:
-    body = [servo_id, len(params) + 2, error, *params]
-    return bytes([0xFF, 0xFF, *body, checksum(body)])
-
-
-class Servo:
-    """One servo's control-table memory."""
-
-    def __init__(self, servo_id: int):
-        self.mem = bytearray(256)
-        for name, value in ct.DEFAULTS.items():
-            self.set(name, value)
-        self.set("ID", servo_id)
-        self.pending: tuple[int, bytes] | None = None      # REG_WRITE waiting for ACTION
-
-    def get(self, name: str) -> int:
-        reg = ct.STS3215[name]
-        return ct.from_bytes(reg, self.mem[reg.address:reg.address + reg.size])
-
-    def set(self, name: str, value: int) -> None:
-        reg = ct.STS3215[name]
-        self.mem[reg.address:reg.address + reg.size] = bytes(ct.to_bytes(reg, value))
-
-
-class Operator:
-    """A simulated person at the arm for `soarm calibrate` (`soarm emulate --operator`): once
-    the host resets the servos' calibration (Homing_Offset 0, limits 0..4095, torque off) it
-    holds the arm in the middle pose; once the host writes the homing offsets it sweeps every
-    joint to both ends of its travel and back, by hand (the arm is placed, the servos only
-    read), then holds the middle again and says so. The sweep's pace is seeded."""
-
-    PERIOD_S = 0.02
-
-    def __init__(self, emu: "ServoBusEmulator", seed: int = 0, log=print):
-        self.emu, self.log = emu, log
-        r = emu.robot
-        middle = [0.0] * len(r.joints)
-        lo, hi = list(r.lower), list(r.upper)
-        self.path = [middle, [x / 2 for x in lo], lo, lo, [x / 2 for x in hi], hi, hi, middle]   # dwell at the ends
-        self.leg_s = random.Random(seed).uniform(0.8, 1.2)      # seconds per leg of the sweep
-        self.phase, self.t0 = "idle", 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="emulated-operator", daemon=True)
-
-    def start(self) -> "Operator":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-
-    def _registers(self) -> tuple[bool, bool]:
-        with self.emu._lock:
-            servos = list(self.emu.servos.values())
-            reset = all(s.get("Homing_Offset") == 0 and s.get("Max_Position_Limit") == ct.TICKS - 1
-                        and s.get("Torque_Enable") == 0 for s in servos)
-            homed = any(s.get("Homing_Offset") != 0 for s in servos)
-        return reset, homed
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.PERIOD_S):
-            reset, homed = self._registers()
-            if self.phase in ("idle", "done") and reset:
-                self.phase = "middle"
-                self.log("operator: holding the arm in the middle pose", flush=True)
-            elif self.phase == "middle" and homed:
-                self.phase, self.t0 = "sweep", time.monotonic()
-                self.log("operator: sweeping every joint through its range", flush=True)
-            if self.phase == "middle":
-                self.emu.place(self.path[0])
-            elif self.phase == "sweep":
-                k, f = divmod((time.monotonic() - self.t0) / self.leg_s, 1.0)
-                k = int(k)
-                if k + 1 >= len(self.path):
-                    self.emu.place(self.path[-1])
-                    self.phase = "done"
-                    self.log("operator: sweep done; the arm is back in the middle", flush=True)
-                else:
-                    a, b = self.path[k], self.path[k + 1]
-                    self.emu.place([x + f * (y - x) for x, y in zip(a, b)])
 
 
 class ServoBusEmulator:
@@ -169,9 +83,8 @@ class ServoBusEmulator:
         g = random.Random(seed)
         self.zero_raw = [ct.MIDDLE + g.randint(-assembly_offset_ticks, assembly_offset_ticks) for _ in ids]
         self.plant = PlantProcess(self.robot, physics_dt, q0, compile, plant, perturbation)
-        self.master, self.slave = os.openpty()
-        tty.setraw(self.master)
-        self.port = os.ttyname(self.slave)
+        self.link = PtyLink()
+        self.port = self.link.port
         self.counters = {"packets": 0, "replies": 0, "dropped": 0, "late": 0, "corrupted": 0, "bad_checksum": 0,
                          "wrong_baud": 0, "malformed": 0, "over_budget": 0, "garbage": 0, "oversize": 0}
         self._lock = threading.Lock()
@@ -182,7 +95,6 @@ class ServoBusEmulator:
         self.max_reply_s = 0.0                               # longest read-to-reply time so far
         self.torque_dropped_at: float | None = None          # monotonic: the latest packet that turned a servo off
         self._t_rx = 0.0                                     # monotonic: when the bytes being handled arrived
-        self._unplugged = False
         self._now = self.plant.state()                       # the state replies are built from
 
     # ------------------------------------------------------------ lifecycle
@@ -196,11 +108,7 @@ class ServoBusEmulator:
         if self._thread is not None:
             self._thread.join(timeout=2)
         self.plant.close()
-        for fd in (self.master, self.slave):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self.link.close()
 
     def __enter__(self) -> "ServoBusEmulator":
         return self.start()
@@ -210,11 +118,7 @@ class ServoBusEmulator:
 
     def unplug(self) -> None:
         """Pull the USB adapter: the port stops answering, reads fail."""
-        self._unplugged = True
-        try:
-            os.close(self.slave)
-        except OSError:
-            pass
+        self.link.unplug()
 
     # ------------------------------------------------------------ state
     def assemble_as(self, cal: dict) -> None:
@@ -285,62 +189,37 @@ class ServoBusEmulator:
             timeout = 0.002 if self.faults.noise else 0.05
             if self._late:
                 timeout = min(timeout, max(0.0, self._late[0][0] - time.monotonic()))
-            try:
-                ready, _, _ = select.select([self.master], [], [], timeout)
-                data = os.read(self.master, 4096) if ready else b""
-            except OSError:
+            data = self.link.read(timeout)
+            if data is None:
                 if self._stop.is_set():
                     return
-                self._stop.wait(0.001)                       # slave closed (unplugged): idle
+                self._stop.wait(0.001)                       # the host's end is gone (unplugged): idle
                 data = b""
             t_read = self._t_rx = time.monotonic()
             with self._lock:
                 buf.extend(data)
                 self._now = self.plant.state()
-                for packet in self._packets(buf):
+                for packet in split_packets(buf, self.counters):
                     try:
                         self._handle(packet)
                     except (IndexError, KeyError, ValueError):
                         self.counters["malformed"] += 1       # a servo ignores what it cannot parse
                 self._flush_late()
-                if self.faults.noise and not self._unplugged:
+                if self.faults.noise and not self.link.unplugged:
                     self._out += bytes(self.rng.randrange(0xFE) for _ in range(32))   # never 0xFF: no header
                 out, self._out = bytes(self._out), bytearray()
             if out:
-                self._send(out)
+                self.link.write(out)                         # all the replies to what was read, at once
                 took = time.monotonic() - t_read
                 self.max_reply_s = max(self.max_reply_s, took)
                 if took > REPLY_BUDGET_S:
                     self.counters["over_budget"] += 1
 
-    def _packets(self, buf: bytearray):
-        while True:
-            start = buf.find(b"\xff\xff")
-            if start < 0:
-                del buf[:max(0, len(buf) - 1)]
-                return
-            del buf[:start]
-            if len(buf) < 4:
-                return
-            total = buf[3] + 4
-            if len(buf) < total:
-                return
-            packet = bytes(buf[:total])
-            del buf[:total]
-            if packet[-1] != checksum(packet[2:-1]):
-                self.counters["bad_checksum"] += 1            # a real servo ignores it
-                continue
-            yield packet
-
     def _hears(self, sid: int) -> bool:
         """A servo set to another baud rate than the line's reads noise, not packets."""
         code = self.servos[sid].get("Baud_Rate")
         want = getattr(termios, f"B{BAUD_RATES.get(code, 0)}", None)
-        try:
-            line = termios.tcgetattr(self.master)[4]
-        except termios.error:
-            return False
-        return want is not None and line == want
+        return want is not None and self.link.line_speed() == want
 
     def _handle(self, packet: bytes) -> None:
         self.counters["packets"] += 1
@@ -427,7 +306,7 @@ class ServoBusEmulator:
 
     def _reply(self, sid: int, params: bytes) -> None:
         f = self.faults
-        if self._unplugged or sid in f.silent_ids or f.noise:
+        if self.link.unplugged or sid in f.silent_ids or f.noise:
             return
         if f.drop and self.rng.random() < f.drop:
             self.counters["dropped"] += 1
@@ -448,78 +327,3 @@ class ServoBusEmulator:
         while self._late and self._late[0][0] <= now:
             self._out += self._late.pop(0)[1]
             self.counters["replies"] += 1
-
-    def _send(self, data: bytes) -> None:
-        """One write for all the replies to what was read: one wake-up for the host."""
-        try:
-            os.write(self.master, data)
-        except OSError:
-            pass
-
-
-class EmulatorProcess:
-    """`soarm emulate` in a process of its own, calibrated, for tests and benchmarks. The
-    code under test then meets the bus as on the arm: a device driven by someone else,
-    not a thread of its own process competing for the GIL on every reply.
-
-        with EmulatorProcess(tmp / "cal.json") as emu:
-            FeetechBus(emu.port, ids) ...; emu.unplug(); emu.kill()
-    """
-
-    def __init__(self, calibration: str | os.PathLike, seed: int = 0, args: tuple[str, ...] = (),
-                 timeout: float = 300.0, calibrate: bool = True):
-        """args: more `soarm emulate` options, e.g. ("--no-compile",) or ("--drop", "0.02").
-        calibrate: write `calibration` (a new file); False: assemble the arm as that existing
-        file describes (the same arm again, e.g. after a simulated replug)."""
-        import json
-        import subprocess
-        import sys
-        import tempfile
-        from pathlib import Path
-
-        self.calibration = calibration
-        self._dir = tempfile.TemporaryDirectory(prefix="soarm-emulator-")
-        ready = Path(self._dir.name) / "ready.json"
-        self._log = open(Path(self._dir.name) / "output.log", "w+")
-        cmd = [sys.executable, "-m", "soarm.cli", "emulate", "--quiet", "--seed", str(seed),
-               "--calibrate" if calibrate else "--calibration", str(calibration), "--ready-file", str(ready), *args]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + timeout
-        while not ready.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError("emulator did not start: " + " | ".join(self.output[-5:]))
-            time.sleep(0.02)
-        self.port = json.loads(ready.read_text())["port"]
-
-    @property
-    def output(self) -> list[str]:
-        """What the emulator process printed so far."""
-        self._log.flush()
-        with open(self._log.name) as f:
-            return f.read().splitlines()
-
-    def unplug(self) -> None:
-        import signal
-        self.proc.send_signal(signal.SIGUSR1)
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-    def stop(self) -> None:
-        import subprocess
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._log.close()
-        self._dir.cleanup()
-
-    def __enter__(self) -> "EmulatorProcess":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -132,7 +132,7 @@ def _emulate(args) -> int:
             _self_calibrate(emu, args.calibrate)
         operator = None
         if args.operator:           # someone at the arm for `soarm calibrate`
-            from soarm.robot.emulator import Operator
+            from soarm.robot.emulated_operator import Operator
 
             operator = Operator(emu, seed=args.seed).start()
         port = emu.port

@@ -151,7 +151,7 @@ def test_soarm_calibrate_end_to_end_with_the_emulated_operator(tmp_path, robot):
     import sys
     import time
 
-    from soarm.robot.emulator import EmulatorProcess
+    from soarm.robot.emulator_process import EmulatorProcess
 
     link = tmp_path / "so101"
     emu = EmulatorProcess(tmp_path / "first.json", seed=2, args=("--no-compile", "--link", str(link), "--operator"))

@@ -9,7 +9,8 @@ import pytest
 from soarm.calibration import calibration
 from soarm.robot.driver import DISABLED, ENABLED, FAULT, PARKING, DriverCfg, ReachDriver, Trajectory
 from soarm.robot.bus import FeetechBus
-from soarm.robot.emulator import EmulatorProcess, FaultCfg, ServoBusEmulator
+from soarm.robot.emulator import FaultCfg, ServoBusEmulator
+from soarm.robot.emulator_process import EmulatorProcess
 from soarm.robot.enclog import read_log
 
 pytestmark = pytest.mark.bus

@@ -12,7 +12,8 @@ import pytest
 
 from soarm.calibration.calibration import check_servos, load, ticks_to_rad
 from soarm.robot.bus import FeetechBus
-from soarm.robot.emulator import REPLY_BUDGET_S, ServoBusEmulator, checksum
+from soarm.robot.emulator import REPLY_BUDGET_S, ServoBusEmulator
+from soarm.robot.sts_protocol import checksum
 from tests.reference.lerobot_calibration import LEROBOT_SO101 as LEROBOT
 
 pytestmark = pytest.mark.bus
@@ -183,7 +184,7 @@ def test_the_perturbed_plant_applies_every_difference(robot):
 def test_a_perturbed_emulator_answers_and_reveals_only_when_asked(tmp_path):
     from dataclasses import asdict
 
-    from soarm.robot.emulator import EmulatorProcess
+    from soarm.robot.emulator_process import EmulatorProcess
     from soarm.robot.plant import Perturbation
 
     reveal = tmp_path / "hidden.json"

@@ -67,7 +67,7 @@ def test_excitation_runs_through_the_driver_into_an_encoder_log(tmp_path):
     from soarm.robot import enclog
     from soarm.robot.bus import FeetechBus
     from soarm.robot.driver import DriverCfg, ReachDriver
-    from soarm.robot.emulator import EmulatorProcess
+    from soarm.robot.emulator_process import EmulatorProcess
     from soarm.robot.excite import driver_plan, excite
 
     cfg = ExcitationCfg(chirp_s=2.0, dwell_s=0.5)

@@ -23,7 +23,7 @@ import yaml
 
 from soarm import REPO_ROOT, config
 from soarm.robot.bus import FeetechBus
-from soarm.robot.emulator import EmulatorProcess
+from soarm.robot.emulator_process import EmulatorProcess
 
 ROS_PKG = REPO_ROOT / "ros2_ws" / "src" / "so_arm_policy"
 REFERENCE_POLICY = REPO_ROOT / "data" / "policies" / "reach.onnx"
