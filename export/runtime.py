@@ -7,7 +7,7 @@ contract's parameters, so there is no second copy of that math.
     rt = PolicyRuntime("policy.onnx")
     obs = rt.observe(q, q_prev, goal, target, last_action)     # encoder readings in rad
     action = rt.act(obs)                                        # raises on bad input
-    goal = rt.next_goal(goal, action)                           # then the safety clamps
+    goal = rt.next_goal(goal, action, q)                        # then the safety clamps
 
 Anything wrong (missing, truncated or foreign file, no or unsupported contract, wrong
 observation size, NaN) raises PolicyError with one line; no action comes out of it.
@@ -79,6 +79,7 @@ class PolicyRuntime:
                               f"got {[(o.name, o.shape) for o in outputs]}")
         action = self.contract["action"]
         self.scale, self.clip, self.control_hz = action["scale"], action["clip"], self.contract["control_hz"]
+        self.max_relative_target = action.get("max_relative_target")
         ws = self.contract["workspace"]
         self.frame = ws["frame"]
         self.workspace = CommandCfg(radius=tuple(ws["radius"]), height=tuple(ws["height"]),
@@ -126,11 +127,11 @@ class PolicyRuntime:
             raise PolicyError(f"{self.path}: the policy produced a non-finite action; refusing to use it")
         return out
 
-    def next_goal(self, goal, action) -> np.ndarray:
-        """The next arm goal (rad) from the current one and an action, per the contract."""
-        g = torch.as_tensor(np.atleast_2d(goal), dtype=torch.float32)
-        a = torch.as_tensor(np.atleast_2d(action), dtype=torch.float32)
-        return action_to_goal(self.dyn, a, g, self.scale, self.clip).numpy()
+    def next_goal(self, goal, action, q) -> np.ndarray:
+        """The next arm goal (rad) from the current one, an action and the arm readings (rad)
+        its observation was made from, per the contract."""
+        g, a, m = (torch.as_tensor(np.atleast_2d(x), dtype=torch.float32) for x in (goal, action, q))
+        return action_to_goal(self.dyn, a, g, m, self.scale, self.clip, self.max_relative_target).numpy()
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         """Torch in, torch out: lets `evaluate` run the shipped file in the embedded sim."""

@@ -82,7 +82,7 @@ class PolicyStep:
             try:
                 obs = self.rt.observe(q, self.q_prev, self.goal, target, self.last_action)
                 action = self.rt.act(obs)[0]
-                goal = self.rt.next_goal(self.goal, action)[0]
+                goal = self.rt.next_goal(self.goal, action, q)[0]
             except PolicyError as e:
                 action, fault = None, str(e)
         # Holding (no target yet) is a valid command: the current goal, kept where it is.

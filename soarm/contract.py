@@ -49,6 +49,8 @@ def build(task: ReachCfg, robot: RobotDescription, training: dict) -> dict:
             "scale": task.action_scale,                 # rad per control step at action 1
             "clip": task.action_clip,                   # |action| clipped before scaling
             "offset": "previous_goal",                  # goal_t = goal_{t-1} + scale * clip(a)
+            # rad: goal_t kept within this of the observed angles; None (older files): unbounded
+            "max_relative_target": task.max_relative_target,
             "default_joint_positions": [float(x) for x in robot.home],
         },
         "joint_limits": {"lower": [float(robot.lower[i]) for i in idx],
@@ -89,6 +91,9 @@ def check(contract: dict, robot: RobotDescription, where: str) -> dict:
     need(action.get("dim") == ACTION_DIM, f"action dim {action.get('dim')!r}, expected {ACTION_DIM}")
     for key in ("scale", "clip"):
         need(isinstance(action.get(key), (int, float)) and action[key] > 0, f"action {key} missing or not positive")
+    lead = action.get("max_relative_target")
+    need(lead is None or (isinstance(lead, (int, float)) and lead > 0),
+         f"action max_relative_target {lead!r}: a positive number of rad or null")
     need(contract.get("joint_names") == list(robot.arm_joints),
          f"joints {contract.get('joint_names')} differ from the robot's {list(robot.arm_joints)}")
     limits = contract.get("joint_limits", {})

@@ -14,8 +14,9 @@ Observation, in order (units as the real arm measures them, encoder-quantized):
     target_error     3  m, target - fingertip
     last_action      5  the previous policy output (unitless, before scaling)
 Action: 5 values, relative joint-position targets (Isaac Lab's "relative joint position"
-action): goal_t = goal_{t-1} + action_scale * clip(action, +-action_clip), clipped to the
-joint limits; goal := measured at start. The commanded goal is the controller's state, so
+action): goal_t = goal_{t-1} + action_scale * clip(action, +-action_clip), kept within
+max_relative_target of the measured angles and clipped to the joint limits; goal := measured
+at start. The commanded goal is the controller's state, so
 the policy observes it. Relative targets make the policy a feedback law on the target
 error: it integrates away gravity sag and friction, which absolute targets cannot do
 without learning inverse kinematics to a fraction of a milliradian.
@@ -138,6 +139,10 @@ class ReachCfg:
     episode_s: float = 8.0
     action_scale: float = 0.05                  # rad of goal change per control step at action 1
     action_clip: float = 1.0
+    # rad: the goal is kept within this of the measured angle (LeRobot's max_relative_target).
+    # Relative targets otherwise wind up on a joint slower than its goals (a stalled, loaded
+    # or heavily damped drive) and overshoot by the wound-up lead when it catches up. None: off.
+    max_relative_target: float | None = None
     servo: str = "servo/sts3215_7v4.yaml"       # relative to configs/
     command: CommandCfg = field(default_factory=CommandCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)
@@ -150,6 +155,8 @@ class ReachCfg:
             raise ValueError("physics_dt: must be positive and at most one control period")
         if not (self.action_scale > 0 and self.action_clip > 0):
             raise ValueError("action_scale/action_clip: must be positive")
+        if self.max_relative_target is not None and not self.max_relative_target > 0:
+            raise ValueError("max_relative_target: must be positive (or null for none)")
         if not self.episode_s >= self.command.resample_s:
             raise ValueError("episode_s: must hold at least one target window")
 
@@ -192,11 +199,15 @@ def arm_limits(robot: RobotDescription, device, dtype=torch.float32) -> tuple[to
             torch.as_tensor(robot.upper[idx], device=device, dtype=dtype))
 
 
-def action_to_goal(dyn: ArmDynamics, action: torch.Tensor, goal: torch.Tensor, action_scale: float,
-                   action_clip: float) -> torch.Tensor:
-    """The next arm goal [N, 5] (rad) from the current goal and policy actions [N, 5]."""
+def action_to_goal(dyn: ArmDynamics, action: torch.Tensor, goal: torch.Tensor, measured: torch.Tensor,
+                   action_scale: float, action_clip: float, max_relative_target: float | None) -> torch.Tensor:
+    """The next arm goal [N, 5] (rad) from the current goal, the measured angles the policy
+    observed and policy actions [N, 5]."""
     lo, hi = arm_limits(dyn.robot, action.device, action.dtype)
-    return torch.clamp(goal + action_scale * torch.clamp(action, -action_clip, action_clip), lo, hi)
+    goal = goal + action_scale * torch.clamp(action, -action_clip, action_clip)
+    if max_relative_target is not None:
+        goal = torch.clamp(goal, measured - max_relative_target, measured + max_relative_target)
+    return torch.clamp(goal, lo, hi)
 
 
 def delay_goals(line: torch.Tensor, goal: torch.Tensor, delay: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from soarm.description import load_robot
-from soarm.reach import (OBS_DIM, OBS_SLICES, RewardCfg, arm_limits, delay_goals, deviation_weights, draw_latency,
+from soarm.reach import (OBS_DIM, OBS_SLICES, RewardCfg, action_to_goal, arm_limits, delay_goals, deviation_weights, draw_latency,
                          in_region, limit_clearance, rewards)
 from soarm.servo import TICK
 from soarm.training.env import ReachEnv
@@ -104,6 +104,25 @@ def test_joint_limit_term_prices_only_the_soft_limit_band():
                     clearance=limit_clearance(robot, q), deviation=torch.zeros(5),
                     below_floor=torch.zeros(3, dtype=torch.bool))
     torch.testing.assert_close(terms["joint_limit"], torch.tensor([0.0, -0.2, 0.0]), atol=1e-5, rtol=0)
+
+
+def test_goal_cannot_wind_up_past_max_relative_target():
+    """A joint that does not follow its goals (stalled, heavily damped) keeps its goal within
+    max_relative_target: the wound-up lead is what it would overshoot by when it catches up."""
+    from soarm.dynamics import ArmDynamics
+
+    dyn = ArmDynamics(load_robot())
+    stuck = torch.zeros(1, 5)                      # measured: the joints do not move
+    goal = stuck.clone()
+    for _ in range(40):                            # full action for 40 ticks: 2 rad unbounded
+        goal = action_to_goal(dyn, torch.ones(1, 5), goal, stuck, 0.05, 1.0, 0.3)
+    lo, hi = arm_limits(dyn.robot, "cpu")
+    torch.testing.assert_close(goal, torch.minimum(torch.full((1, 5), 0.3), hi[None]))
+    free = action_to_goal(dyn, torch.ones(1, 5), stuck, stuck, 0.05, 1.0, None)
+    torch.testing.assert_close(free, torch.full((1, 5), 0.05))
+    # The limits still win over the band.
+    at_limit = hi[None] - 0.01
+    assert bool((action_to_goal(dyn, torch.ones(1, 5), at_limit, at_limit, 0.05, 1.0, 0.3) <= hi).all())
 
 
 def test_goals_reach_the_servos_after_each_envs_latency():

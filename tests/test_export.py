@@ -77,10 +77,12 @@ def test_runtime_builds_the_same_observation_as_the_sim(exported, task_cfg):
     obs = rt.observe(q.numpy(), before.numpy(), env.goal.numpy(), env.target.numpy(), env.action.numpy())
     np.testing.assert_array_equal(obs, env.obs.numpy())
     a = rt.act(obs)
-    want = torch.clamp(env.goal + task_cfg.action_scale * torch.clamp(torch.from_numpy(a), -1, 1),
-                       torch.tensor(env.robot.lower[env.robot.arm_index], dtype=torch.float32),
+    want = env.goal + task_cfg.action_scale * torch.clamp(torch.from_numpy(a), -1, 1)
+    if task_cfg.max_relative_target is not None:
+        want = torch.clamp(want, q - task_cfg.max_relative_target, q + task_cfg.max_relative_target)
+    want = torch.clamp(want, torch.tensor(env.robot.lower[env.robot.arm_index], dtype=torch.float32),
                        torch.tensor(env.robot.upper[env.robot.arm_index], dtype=torch.float32))
-    np.testing.assert_allclose(rt.next_goal(env.goal.numpy(), a), want.numpy(), atol=1e-7)
+    np.testing.assert_allclose(rt.next_goal(env.goal.numpy(), a, q.numpy()), want.numpy(), atol=1e-7)
 
 
 def test_evaluating_the_file_equals_evaluating_the_checkpoint(exported):
@@ -118,10 +120,12 @@ def _bad_files(root, tmp):
     _with_contract(good, tmp / "hold.onnx", lambda c: c["gripper"].update(hold=0.7))
     _with_contract(good, tmp / "zero.onnx", lambda c: c["encoder"].update(joint_zero="homing_pose"))
     _with_contract(good, tmp / "urdf.onnx", lambda c: c["robot_description"].update(geometry_hash="0" * 16))
+    _with_contract(good, tmp / "lead.onnx", lambda c: c["action"].update(max_relative_target=-0.3))
     return {"missing.onnx": "no such policy file", "truncated.onnx": "not a valid ONNX model",
             "text.onnx": "not a valid ONNX model", "plain.onnx": "soarm export", "schema9.onnx": "schema 9",
             "obs.onnx": "observation terms", "joints.onnx": "joints", "home.onnx": "default_joint_positions",
-            "hold.onnx": "gripper", "zero.onnx": "joint_zero", "urdf.onnx": "geometry_hash"}
+            "hold.onnx": "gripper", "zero.onnx": "joint_zero", "urdf.onnx": "geometry_hash",
+            "lead.onnx": "max_relative_target"}
 
 
 def test_bad_files_are_refused_with_one_line(exported, tmp_path):

@@ -116,7 +116,8 @@ class ReachEnv:
         if self.check_actions:
             check_action(actions)
         cfg = self.cfg
-        self.goal = action_to_goal(self.dyn, actions, self.goal, cfg.action_scale, cfg.action_clip)
+        self.goal = action_to_goal(self.dyn, actions, self.goal, self.prev_meas, cfg.action_scale, cfg.action_clip,
+                                   cfg.max_relative_target)
         applied, self.goal_line = delay_goals(self.goal_line, self.goal, self.delay)
         goal = self.sim.goal.clone()
         goal[:, self.arm] = applied

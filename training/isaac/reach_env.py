@@ -71,7 +71,8 @@ class SO101ReachEnv(DirectRLEnv):
     # ------------------------------------------------------------ step
     def _pre_physics_step(self, actions: torch.Tensor) -> None:
         self.actions_now = actions.clone()
-        self.goal = action_to_goal(self.dyn, actions, self.goal, self.task.action_scale, self.task.action_clip)
+        self.goal = action_to_goal(self.dyn, actions, self.goal, self.obs_meas, self.task.action_scale,
+                                   self.task.action_clip, self.task.max_relative_target)
         applied, self.goal_line = delay_goals(self.goal_line, self.goal, self.delay)
         self.joint_goal[:, self.arm] = applied
         self.joint_goal[:, self.gripper] = self.robot.gripper_hold
