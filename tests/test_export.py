@@ -164,3 +164,17 @@ def test_export_fails_above_the_parity_tolerance_and_writes_nothing(exported, mo
     with pytest.raises(ValueError, match="torch vs onnxruntime differ by .* nothing written"):
         exporter.export(root / "run", tmp_path / "p.onnx", verify_count=256)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_runtime_applies_the_contracts_goal_bound(exported, tmp_path):
+    """A file whose contract bounds the goal's lead gets that bound from the runtime, as training applied it."""
+    root, _ = exported
+    _with_contract(root / "policy.onnx", tmp_path / "bounded.onnx",
+                   lambda c: c["action"].update(max_relative_target=0.02))
+    rt = PolicyRuntime(tmp_path / "bounded.onnx")
+    q = np.zeros((1, 5), dtype=np.float32)
+    goal = np.full((1, 5), 0.05, dtype=np.float32)         # already 0.05 rad ahead of the arm
+    np.testing.assert_allclose(rt.next_goal(goal, np.ones((1, 5)), q), np.full((1, 5), 0.02), atol=1e-7)
+    free = PolicyRuntime(root / "policy.onnx")
+    assert free.max_relative_target is None
+    np.testing.assert_allclose(free.next_goal(goal, np.ones((1, 5)), q), goal + free.scale, atol=1e-7)
