@@ -8,6 +8,7 @@ left out. Nested dataclasses nest in YAML.
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from pathlib import Path
@@ -110,6 +111,16 @@ def _convert(tp: Any, value: Any, where: str, key: str) -> Any:
 def _set_dotted(raw: dict, key: str, value: Any) -> None:
     *parents, leaf = key.split(".")
     node = raw
-    for p in parents:
+    for i, p in enumerate(parents):
         node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: '{'.'.join(parents[:i + 1])}' is {node!r}, not a section with keys")
     node[leaf] = value
+
+
+def dump(obj: Any, path: str | Path) -> Path:
+    """Write dataclass `obj` as YAML that `load` reads back into the same config (atomically)."""
+    from soarm.files import atomic_write
+
+    plain = json.loads(json.dumps(dataclasses.asdict(obj)))      # tuples -> lists: safe YAML
+    return atomic_write(path, lambda tmp: tmp.write_text(yaml.safe_dump(plain, sort_keys=False)))

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from soarm import CONFIG_DIR, config
@@ -40,3 +42,25 @@ def test_overrides_are_validated():
     assert cfg.reward.position_l2 == -2.0
     with pytest.raises(ConfigError, match="reward.nope"):
         config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml", {"reward.nope": 1})
+    with pytest.raises(ConfigError, match="'control_hz' is 30.0, not a section"):
+        config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml", {"control_hz.x": 1})
+
+
+def test_a_dumped_config_loads_back_the_same(tmp_path):
+    cfg = config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml", {"max_relative_target": 0.3})
+    assert config.load(ReachCfg, config.dump(cfg, tmp_path / "task.yaml")) == cfg
+
+
+def test_train_overrides_reach_the_task_and_a_resumed_run_keeps_its_own(tmp_path):
+    from soarm.training.train import DEFAULT_CONFIG, load_cfg
+
+    cfg, task = load_cfg(DEFAULT_CONFIG, {"ppo.epochs": 3, "task.reward.joint_limit": -6.0}, None)
+    assert cfg.ppo.epochs == 3 and task.reward.joint_limit == -6.0
+    with pytest.raises(ConfigError, match="reward.nope"):
+        load_cfg(DEFAULT_CONFIG, {"task.reward.nope": 1}, None)
+    trained = config.dump(task, tmp_path / "task.yaml")
+    resume = {"path": "model_5.pt", "cfg": dataclasses.asdict(cfg), "task": dataclasses.asdict(task)}
+    _, resumed = load_cfg(DEFAULT_CONFIG, {"task.episode_s": 4.0}, resume)
+    assert resumed.reward.joint_limit == -6.0 and resumed.episode_s == 4.0
+    with pytest.raises(ConfigError, match="a resumed run keeps its task"):
+        load_cfg(DEFAULT_CONFIG, {"task": str(trained)}, resume)

@@ -129,7 +129,7 @@ def git_commit() -> str:
         return "unknown"
 
 
-def isaaclab_env(task_file: Path, num_envs: int, device: str, seed: int):
+def isaaclab_env(task: ReachCfg, num_envs: int, device: str, seed: int):
     """The Isaac Lab backend, or a one-line ConfigError that says how to get it."""
     import sys
 
@@ -140,11 +140,16 @@ def isaaclab_env(task_file: Path, num_envs: int, device: str, seed: int):
             f"run.sim: isaaclab needs Isaac Lab 3 (Python 3.12) and cannot import it here "
             f"(Python {sys.version_info.major}.{sys.version_info.minor}: {e.name or e}); "
             "set it up with `make isaaclab` and run .venv-isaaclab/bin/soarm train --sim isaaclab") from None
+    import tempfile
+
+    task_file = config.dump(task, Path(tempfile.mkdtemp(prefix="soarm-task-")) / "task.yaml")
     return IsaacReachEnv(str(task_file), num_envs, device, seed)
 
 
 class Runner:
-    def __init__(self, cfg: TrainCfg, run_dir: Path, resume: dict | None = None, progress: bool = True):
+    def __init__(self, cfg: TrainCfg, run_dir: Path, resume: dict | None = None, progress: bool = True,
+                 task: ReachCfg | None = None):
+        """`task`: the task to train (default: cfg.task's file, or a resumed run's own task)."""
         self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
         self.dist, device = init_distributed(cfg.run.device)
         self.device = torch.device(device)
@@ -152,9 +157,11 @@ class Runner:
             torch.set_num_threads(cfg.run.threads)
         seed = cfg.run.seed + 1000 * self.dist.rank
         torch.manual_seed(seed)
-        self.task = config.load(ReachCfg, CONFIG_DIR / cfg.task)
+        if task is None:
+            task = checkpoint.task_cfg(resume) if resume is not None else config.load(ReachCfg, CONFIG_DIR / cfg.task)
+        self.task = task
         if cfg.run.sim == "isaaclab":
-            self.env = isaaclab_env(CONFIG_DIR / cfg.task, cfg.run.num_envs, device, seed)
+            self.env = isaaclab_env(task, cfg.run.num_envs, device, seed)
         else:
             self.env = ReachEnv(self.task, cfg.run.num_envs, device=device, seed=seed, check_actions=False)
             if cfg.run.compile:

@@ -3,10 +3,11 @@
     soarm train                                   # configs/train/reach.yaml
     soarm train --iterations 50 --num-envs 1024 --set ppo.entropy_coef=0.01
     soarm train --resume runs/reach/latest --iterations 400
+    soarm train --set task.max_relative_target=0.3 --set task.reward.joint_limit=-6
     torchrun --nproc_per_node=2 -m soarm.cli train --device cuda
 
 Writes runs/<name>/<time>/ (TensorBoard events, metrics.jsonl, training.png, model_N.pt,
-eval.json) and points runs/<name>/latest at it.
+eval.json, task.yaml: the task as trained) and points runs/<name>/latest at it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from soarm import CONFIG_DIR, REPO_ROOT, config
+from soarm.reach import ReachCfg
 from soarm.training import checkpoint
 from soarm.training.evaluate import evaluate, summary, write_report
 from soarm.training.runner import Runner, TrainCfg, close_distributed
@@ -27,14 +29,24 @@ from soarm.training.runner import Runner, TrainCfg, close_distributed
 DEFAULT_CONFIG = CONFIG_DIR / "train" / "reach.yaml"
 
 
-def load_cfg(path: Path, overrides: dict[str, Any], resume: dict | None) -> TrainCfg:
-    """The YAML config, or the resumed run's own config; CLI overrides on top of either."""
+def load_cfg(path: Path, overrides: dict[str, Any], resume: dict | None) -> tuple[TrainCfg, ReachCfg]:
+    """The run's config and its task: from the YAML files, or a resumed run's own (the task as
+    it trained, whatever its file says now); CLI overrides on top. `task.KEY` overrides go to
+    the task, `task=FILE` picks another task file."""
+    task_set = {k.removeprefix("task."): v for k, v in overrides.items() if k.startswith("task.")}
+    own = {k: v for k, v in overrides.items() if not k.startswith("task.")}
     if resume is None:
-        return config.load(TrainCfg, path, overrides)
-    raw = copy.deepcopy(resume["cfg"])
-    for key, value in overrides.items():
+        cfg = config.load(TrainCfg, path, own)
+        return cfg, config.load(ReachCfg, CONFIG_DIR / cfg.task, task_set)
+    if "task" in own:
+        raise config.ConfigError(f"--set task: a resumed run keeps its task; change its keys with --set task.KEY=VALUE")
+    raw, task_raw = copy.deepcopy(resume["cfg"]), copy.deepcopy(resume["task"])
+    for key, value in own.items():
         config._set_dotted(raw, key, value)
-    return config.from_dict(TrainCfg, raw, f"{resume['path']} (config)")
+    for key, value in task_set.items():
+        config._set_dotted(task_raw, key, value)
+    return (config.from_dict(TrainCfg, raw, f"{resume['path']} (config)"),
+            config.from_dict(ReachCfg, task_raw, f"{resume['path']} (task)"))
 
 
 def run_dir_for(cfg: TrainCfg, resume: dict | None) -> Path:
@@ -56,10 +68,10 @@ def point_latest(run_dir: Path) -> None:
 def train(config_path: Path, overrides: dict[str, Any], resume_path: Path | None = None,
           progress: bool = True) -> dict:
     resume = checkpoint.load(resume_path) if resume_path is not None else None
-    cfg = load_cfg(config_path, overrides, resume)
+    cfg, task = load_cfg(config_path, overrides, resume)
     run_dir = run_dir_for(cfg, resume)
     t0 = time.time()
-    runner = Runner(cfg, run_dir, resume, progress=progress)
+    runner = Runner(cfg, run_dir, resume, progress=progress, task=task)
     main = runner.dist.main
     if main:
         start = f"resuming at iteration {runner.iteration}" if resume else "starting"
@@ -69,6 +81,7 @@ def train(config_path: Path, overrides: dict[str, Any], resume_path: Path | None
         if resume is None:
             run_dir.mkdir(parents=True, exist_ok=True)
             point_latest(run_dir)
+        config.dump(task, run_dir / "task.yaml")         # the task as trained: --set task=<this file>
     last = runner.learn()
     out = {"run_dir": str(run_dir), "iterations": runner.iteration, "env_steps": runner.total_steps,
            "train_wall_s": runner.elapsed, "last_iteration": last}
