@@ -84,7 +84,9 @@ def read_log(path: str | Path) -> tuple[dict, list[dict]]:
                 raise LogError(f"{path}: encoder log schema {meta[METADATA].get('schema')!r}, "
                                f"this version reads {SCHEMA!r}")
             header = json.loads(meta[METADATA]["header"])
-            ticks = [json.loads(m.data) for _, ch, m in reader.iter_messages(topics=[TOPIC])]
+            # In the order written, not sorted by time: a clock that stepped back must show.
+            messages = reader.iter_messages(topics=[TOPIC], log_time_order=False)
+            ticks = [json.loads(m.data) for _, ch, m in messages]
     except LogError:
         raise
     except Exception as e:  # noqa: BLE001 - truncated or not MCAP at all

@@ -21,6 +21,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -137,12 +138,32 @@ def _segment(name: str, pose_name: str, j: int, base: np.ndarray, amp: float, cf
 class ExciteReport:
     done: list[str] = field(default_factory=list)            # "joint at pose" per finished segment
     fault: str = ""
+    logs: list[Path] = field(default_factory=list)           # the encoder logs written
 
     def summary(self, plan: Plan) -> str:
         text = f"{len(self.done)}/{len(plan.segments)} segments recorded"
         if plan.skipped:
             text += f" ({len(plan.skipped)} skipped)"
         return text + (f"; stopped: {self.fault}" if self.fault else "; parked, torque off")
+
+
+def excite_arm(port: str, calibration: Path, policy: Path, cfg: ExcitationCfg, joints: list[str] | None,
+               log_dir: Path, dry_run: bool = False, out: Callable[[str], None] = print) -> ExciteReport:
+    """`soarm excite`: print the plan, then (unless a dry run) run it on the arm at `port`."""
+    from soarm.robot.driver import DriverCfg
+
+    driver = ReachDriver(DriverCfg(port=port, policy=str(policy), calibration=str(calibration), log_dir=str(log_dir)),
+                         on_event=lambda level, msg: out(f"{level}: {msg}"))
+    plan = driver_plan(driver, cfg, joints)
+    out("\n".join(plan.describe()))
+    if dry_run:
+        out("soarm excite: dry run, nothing moved")
+        return ExciteReport()
+    before = set(Path(log_dir).glob("*.mcap"))
+    report = excite(driver, plan, cfg, out)
+    report.logs = sorted(set(Path(log_dir).glob("*.mcap")) - before)
+    out(f"soarm excite: {report.summary(plan)}" + (f"; log {report.logs[-1]}" if report.logs else ""))
+    return report
 
 
 def driver_plan(driver: ReachDriver, cfg: ExcitationCfg, joints: list[str] | None = None) -> Plan:

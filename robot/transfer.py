@@ -12,7 +12,8 @@ report, which is all a policy can act on (a calibration error is invisible to it
 true error cannot fall below what the offsets alone put between the two). The posture check
 is each arm joint's distance to its limits there. Plants (PLANTS): our training plant (ArmSim with the STS3215 model) nominal,
 with the training randomization and with one perturbation each; TheRobotStudio's published
-MJCF in MuJoCo as published and with its actuators 0.5-50x as stiff.
+MJCF in MuJoCo as published and with its actuators 0.5-50x as stiff. Named on request
+(`plant_spec`): an emulated arm's hidden perturbation, and an arm `soarm sysid` identified.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription, load_robot, with_payload
 from soarm.dynamics import ArmDynamics
 from soarm.export.runtime import PolicyRuntime
+from soarm.identified import Centre, centre_of, load_arm
 from soarm.reach import ReachCfg, draw_latency, draw_physics, full_pose, sample_targets
 from soarm.robot.loop import PolicyStep
+from soarm.robot.plant import Perturbation
 from soarm.robot.safety import TORQUE_OFF, SafetyCfg, SafetyLayer
 from soarm.servo import TICK, ServoConfig
 from soarm.sim import ArmSim
@@ -156,14 +159,57 @@ PLANTS: dict[str, PlantSpec] = {
 }
 
 
+def _varied(what: str, centre: Callable[[SuiteContext], Centre]) -> PlantSpec:
+    """Our plant with per-joint gain, friction, mass, backlash and latency set as `centre`
+    has them: an identified arm, or the hidden perturbation of an emulated one."""
+    def build(ctx, n, gen):
+        c = centre(ctx)
+
+        def apply(sim):
+            ph = sim.physics
+            sim.physics = dataclasses.replace(
+                ph, gain_scale=ph.gain_scale * c.gain_scale, coulomb=ph.coulomb * c.friction_scale,
+                viscous=ph.viscous * c.friction_scale, mass_scale=ph.mass_scale * c.mass_scale,
+                backlash=c.backlash.expand_as(ph.backlash).clone())
+        return _sim(ctx, n, backlash=float(c.backlash.max()), physics=apply)
+    return PlantSpec(what, build, lambda ctx, n, g: np.full(n, centre(ctx).latency_ticks, dtype=int))
+
+
+def _perturbed(seed: int) -> PlantSpec:
+    def centre(ctx):
+        p = Perturbation.draw(seed, len(ctx.robot.names))
+        row = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+        return Centre(row(p.gain_scale), row(p.friction_scale), row(p.mass_scale), row(p.backlash),
+                      round(p.latency_s * ctx.task.control_hz))
+    return _varied(f"our plant as `soarm emulate --perturb {seed}` perturbs it (hidden there)", centre)
+
+
+def _identified(path: str) -> PlantSpec:
+    return _varied(f"our plant as `soarm sysid` identified it ({path})",
+                   lambda ctx: centre_of(load_arm(path, ctx.robot, ctx.task.servo), ctx.robot))
+
+
+def plant_spec(name: str) -> PlantSpec:
+    """A plant of PLANTS, or 'perturbed:SEED' (the emulator's hidden perturbation SEED) or
+    'identified:ARM_YAML' (`soarm sysid`'s arm.yaml)."""
+    if name in PLANTS:
+        return PLANTS[name]
+    kind, _, arg = name.partition(":")
+    if kind == "perturbed" and arg.isdigit():
+        return _perturbed(int(arg))
+    if kind == "identified" and arg:
+        return _identified(arg)
+    raise ValueError(f"unknown plant '{name}'; known: {', '.join(PLANTS)}, perturbed:SEED, identified:ARM_YAML")
+
+
 def parse_plants(names: str | None) -> list[str]:
-    """'a,b' -> ['a', 'b'] (None: all); an unknown name is a one-line ValueError listing the known ones."""
+    """'a,b' -> ['a', 'b'] (None: all of PLANTS); an unknown name is a one-line ValueError
+    listing the known ones."""
     if not names:
         return list(PLANTS)
     out = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = [n for n in out if n not in PLANTS]
-    if unknown:
-        raise ValueError(f"unknown plant '{unknown[0]}'; known: {', '.join(PLANTS)}")
+    for n in out:
+        plant_spec(n)
     return out
 
 
@@ -244,7 +290,7 @@ def run_suite(policy: str | Path, plants: list[str], targets: int = 200, windows
     bar = tqdm(total=len(plants) * windows, desc="transfer", disable=not progress, leave=False)
     for name in plants:
         bar.set_postfix_str(name)
-        rows[name] = run_plant(rt, PLANTS[name], ctx, pts, windows, seed, SafetyCfg(), progress=lambda: bar.update())
+        rows[name] = run_plant(rt, plant_spec(name), ctx, pts, windows, seed, SafetyCfg(), progress=lambda: bar.update())
     bar.close()
     if "nominal" in rows:
         judge(rows)
@@ -257,7 +303,7 @@ def judge(rows: dict[str, dict]) -> None:
     whether it holds (added to the rows)."""
     nominal = rows["nominal"]
     for name, r in rows.items():
-        key = "sensed_mean_error_m" if PLANTS[name].sensed else "mean_error_m"
+        key = "sensed_mean_error_m" if plant_spec(name).sensed else "mean_error_m"
         r["ratio_to_nominal"] = r["mean_error_m"] / nominal["mean_error_m"]
         r["judged_ratio"] = r[key] / nominal[key]
         r["bound"] = BOUNDS.get(name, BOUND)
@@ -283,7 +329,7 @@ def table(result: dict) -> str:
     lines = [head]
     for name, r in result["plants"].items():
         ratio = f"{r['ratio_to_nominal']:.2f}" if "ratio_to_nominal" in r else "-"
-        judged = f"{r['judged_ratio']:.2f}{'*' if PLANTS[name].sensed else ' '}" if "judged_ratio" in r else "- "
+        judged = f"{r['judged_ratio']:.2f}{'*' if plant_spec(name).sensed else ' '}" if "judged_ratio" in r else "- "
         ok = ("yes" if r["holds"] else "NO") if "holds" in r else "-"
         lines.append(f"{name:<22}{r['mean_error_m'] * 1e3:8.2f}{r['median_error_m'] * 1e3:8.2f}"
                      f"{r['p95_error_m'] * 1e3:8.2f}{r['success_1cm'] * 100:8.1f}{r['success_5mm'] * 100:8.1f}"

@@ -7,6 +7,7 @@
     soarm calibrate    LeRobot's SO-101 calibration on the arm (writes the servos' EEPROM and a JSON file)
     soarm run          a policy on the arm without ROS: enable, reach for targets, park
     soarm excite       the identification excitation on the arm (chirps and steps), logged
+    soarm sysid        identify the arm from those logs: a YAML `soarm train` centres on
     soarm replay       an encoder log through observation + policy + safety, against what was sent
     soarm transfer     a policy as on the arm, on plants other than its training plant (MuJoCo included)
     soarm servo-fit    fit the servo model and the PD baseline on real bench logs
@@ -283,23 +284,32 @@ def _run(args) -> int:
 
 
 def _excite(args) -> int:
-    from soarm.robot.driver import DriverCfg, ReachDriver
-    from soarm.robot.excite import ExcitationCfg, driver_plan, excite
+    from soarm.robot.excite import ExcitationCfg, excite_arm
 
-    cfg = ExcitationCfg(max_speed=args.max_speed, chirp_s=args.chirp_s)
-    log_dir = args.log_dir or REPO_ROOT / "runs" / "excite"
-    driver = ReachDriver(DriverCfg(port=args.port, policy=str(args.policy), calibration=str(args.calibration),
-                                   log_dir=str(log_dir)), on_event=lambda level, msg: print(f"{level}: {msg}"))
-    plan = driver_plan(driver, cfg, args.joints.split(",") if args.joints else None)
-    print("\n".join(plan.describe()))
-    if args.dry_run:
-        print("soarm excite: dry run, nothing moved")
-        return 0
-    before = set(Path(log_dir).glob("*.mcap"))
-    report = excite(driver, plan, cfg)
-    logs = sorted(set(Path(log_dir).glob("*.mcap")) - before)
-    print(f"soarm excite: {report.summary(plan)}" + (f"; log {logs[-1]}" if logs else ""))
+    report = excite_arm(args.port, args.calibration, args.policy,
+                        ExcitationCfg(max_speed=args.max_speed, chirp_s=args.chirp_s),
+                        args.joints.split(",") if args.joints else None,
+                        args.log_dir or REPO_ROOT / "runs" / "excite", args.dry_run)
     return 1 if report.fault else 0
+
+
+def _sysid(args) -> int:
+    from soarm.robot.excite import ExcitationCfg, excite_arm
+    from soarm.robot.sysid import SysidCfg, sysid
+
+    out = args.out or REPO_ROOT / "runs" / "sysid" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    logs = list(args.logs)
+    if not logs:
+        if args.port is None or args.calibration is None:
+            raise ConfigError("give encoder logs to fit, or --port and --calibration to record them first")
+        report = excite_arm(args.port, args.calibration, args.policy,
+                            ExcitationCfg(max_speed=args.max_speed, chirp_s=args.chirp_s),
+                            args.joints.split(",") if args.joints else None, out / "logs", args.dry_run)
+        if report.fault or args.dry_run:
+            return 1 if report.fault else 0
+        logs = report.logs
+    sysid(logs, out, SysidCfg(iterations=args.iterations, seed=args.seed))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -386,17 +396,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", type=Path, default=None, help="write an MCAP encoder log of the run here")
     p.set_defaults(fn=_run)
 
+    def excitation_flags(p, needed: bool) -> None:
+        p.add_argument("--port", required=needed, default=None,
+                       help="serial port of the servo adapter, e.g. /dev/ttyACM0")
+        p.add_argument("--calibration", type=Path, required=needed, default=None, help="LeRobot calibration JSON")
+        p.add_argument("--policy", type=Path, default=REPO_ROOT / "data" / "policies" / "reach.onnx",
+                       help="the policy whose contract names the joints and the control rate (it does not act)")
+        p.add_argument("--joints", default=None, help="comma-separated arm joints (default: all)")
+        p.add_argument("--max-speed", type=float, default=1.0, help="rad/s, the fastest any joint is asked to move")
+        p.add_argument("--chirp-s", type=float, default=8.0, help="seconds per chirp")
+        p.add_argument("--dry-run", action="store_true", help="print the plan; open no port, move nothing")
+
     p = sub.add_parser("excite", help="the identification excitation on the arm: chirps and steps, logged")
-    p.add_argument("--port", required=True, help="serial port of the servo adapter, e.g. /dev/ttyACM0")
-    p.add_argument("--calibration", type=Path, required=True, help="LeRobot calibration JSON")
-    p.add_argument("--policy", type=Path, default=REPO_ROOT / "data" / "policies" / "reach.onnx",
-                   help="the policy whose contract names the joints and the control rate (it does not act)")
-    p.add_argument("--joints", default=None, help="comma-separated arm joints (default: all)")
-    p.add_argument("--max-speed", type=float, default=1.0, help="rad/s, the fastest any joint is asked to move")
-    p.add_argument("--chirp-s", type=float, default=8.0, help="seconds per chirp")
+    excitation_flags(p, needed=True)
     p.add_argument("--log-dir", type=Path, default=None, help="where the MCAP encoder log goes (runs/excite)")
-    p.add_argument("--dry-run", action="store_true", help="print the plan; open no port, move nothing")
     p.set_defaults(fn=_excite)
+
+    p = sub.add_parser("sysid", help="identify the arm (gain, friction, mass, backlash, latency) for training")
+    p.add_argument("logs", nargs="*", type=Path, help="encoder logs to fit (none: --port/--calibration "
+                                                      "run `soarm excite` first and fit its log)")
+    excitation_flags(p, needed=False)
+    p.add_argument("--out", type=Path, default=None,
+                   help="directory for arm.yaml, sysid.json, sysid.png (runs/sysid/<time>)")
+    p.add_argument("--iterations", type=int, default=12, help="sampled search steps per fit")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=_sysid)
 
     p = sub.add_parser("replay", help="re-run an encoder log through observation, policy and safety")
     p.add_argument("log", type=Path, help="encoder log (.mcap) or a BAM servo log (.json)")

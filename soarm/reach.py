@@ -31,6 +31,7 @@ import torch
 
 from soarm.description import RobotDescription
 from soarm.dynamics import ArmDynamics
+from soarm.identified import Centre
 from soarm.servo import TICK
 
 OBS_TERMS: tuple[tuple[str, int, str], ...] = (
@@ -144,6 +145,9 @@ class ReachCfg:
     # or heavily damped drive) and overshoot by the wound-up lead when it catches up. None: off.
     max_relative_target: float | None = None
     servo: str = "servo/sts3215_7v4.yaml"       # relative to configs/
+    # An identified arm (`soarm sysid`'s arm.yaml, relative to configs/ or absolute): the
+    # randomization is centred on it (soarm/identified.py). None: on the nominal servo model.
+    arm: str | None = None
     command: CommandCfg = field(default_factory=CommandCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)
     randomization: RandomizationCfg = field(default_factory=RandomizationCfg)
@@ -326,9 +330,9 @@ def log_uniform(gen: torch.Generator, shape, bounds: tuple[float, float], device
 
 
 def draw_physics(gen: torch.Generator, cfg: RandomizationCfg, servo, n: int, J: int, device,
-                 dtype=torch.float32) -> dict[str, torch.Tensor]:
+                 dtype=torch.float32, centre: Centre | None = None) -> dict[str, torch.Tensor]:
     """One draw of the randomized physical parameters (soarm.sim.Physics fields) for n arms,
-    around the servo's identified friction and armature."""
+    around the servo's identified friction and armature, or around an identified arm."""
     rnd = lambda bounds: uniform(gen, (n, J), bounds, device, dtype)  # noqa: E731
     per_arm = lambda x: x.expand(n, J)                                # noqa: E731
     drawn = {"gain_scale": log_uniform(gen, (n, J), cfg.gain_scale, device, dtype),
@@ -344,13 +348,21 @@ def draw_physics(gen: torch.Generator, cfg: RandomizationCfg, servo, n: int, J: 
     drawn.update(pd=per_arm(uniform(gen, (n, 1), (0.0, 1.0), device, dtype) < cfg.pd_share),
                  pd_kp=per_arm(kp), pd_kv=per_arm(inside * c), pd_damping=per_arm((1 - inside) * c),
                  pd_force=per_arm(uniform(gen, (n, 1), cfg.pd_force, device, dtype)))
-    return drawn
+    return drawn if centre is None else centre.physics(drawn, cfg.backlash_deg)
 
 
-def draw_latency(gen: torch.Generator, cfg: RandomizationCfg, n: int, device) -> torch.Tensor:
-    """Each env's goal latency in control ticks [n] (long), uniform over cfg.latency_ticks."""
+def draw_latency(gen: torch.Generator, cfg: RandomizationCfg, n: int, device,
+                 centre: Centre | None = None) -> torch.Tensor:
+    """Each env's goal latency in control ticks [n] (long), uniform over cfg.latency_ticks
+    (or that range moved onto an identified arm's latency)."""
     lo, hi = cfg.latency_ticks
-    return torch.randint(lo, hi + 1, (n,), generator=gen).to(device)
+    drawn = torch.randint(lo, hi + 1, (n,), generator=gen).to(device)
+    return drawn if centre is None else centre.latency(drawn, cfg.latency_ticks)
+
+
+def max_latency(cfg: RandomizationCfg, centre: Centre | None = None) -> int:
+    """The most control ticks `draw_latency` returns: how long a goal line must be."""
+    return cfg.latency_ticks[1] if centre is None else centre.max_latency(cfg.latency_ticks)
 
 
 def tick_offsets(gen: torch.Generator, shape, max_ticks: int, device, dtype) -> torch.Tensor:

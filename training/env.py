@@ -17,8 +17,9 @@ import torch
 
 from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription, load_robot
+from soarm.identified import task_centre
 from soarm.reach import (ACTION_DIM, OBS_DIM, ReachCfg, action_to_goal, check_action, delay_goals, deviation_weights,
-                         draw_latency, draw_physics, draw_targets, full_pose, limit_clearance, observe, rewards,
+                         draw_latency, draw_physics, draw_targets, max_latency, full_pose, limit_clearance, observe, rewards,
                          sample_targets, task_state, terminations, uniform)
 from soarm.servo import ServoConfig
 from soarm.sim import ArmSim
@@ -42,8 +43,10 @@ class ReachEnv:
         servo_cfg = config.load(ServoConfig, CONFIG_DIR / cfg.servo)
         servo, registers = servo_cfg.params, servo_cfg.registers
         rand = cfg.randomization
+        self.centre = task_centre(cfg.arm, cfg.servo, self.robot, self.device)
+        play = math.radians(rand.backlash_deg[1]) + (0.0 if self.centre is None else float(self.centre.backlash.max()))
         self.sim = ArmSim(self.robot, servo, registers, num_envs, dt=1.0 / (cfg.control_hz * cfg.substeps),
-                          device=device, backlash=math.radians(rand.backlash_deg[1]),
+                          device=device, backlash=play,
                           pd_drives=rand.pd_share > 0, carries_payload=rand.payload_kg[1] > 0)
         self.dyn = self.sim.dyn
         self.gen = torch.Generator().manual_seed(seed)
@@ -58,7 +61,7 @@ class ReachEnv:
         self.drawn = 0
         N = num_envs
         self.target, self.action, self.goal, self.goal_line, self.delay, self.prev_meas = task_state(
-            N, ACTION_DIM, rand.latency_ticks[1], self.device)
+            N, ACTION_DIM, max_latency(rand, self.centre), self.device)
         self.step_count = torch.zeros(N, dtype=torch.long, device=self.device)
         self.episodes = EpisodeStats(N, self.device)
         self.obs = self.reset()
@@ -82,9 +85,9 @@ class ReachEnv:
         J, dev, dt = self.sim.J, self.device, torch.float32
         ph, servo = self.sim.physics, self.sim.servo
         m = mask[:, None]
-        for name, value in draw_physics(self.gen, cfg, servo, n, J, dev, dt).items():
+        for name, value in draw_physics(self.gen, cfg, servo, n, J, dev, dt, self.centre).items():
             setattr(ph, name, torch.where(m, value, getattr(ph, name)))
-        self.delay = torch.where(mask, draw_latency(self.gen, cfg, n, dev), self.delay)
+        self.delay = torch.where(mask, draw_latency(self.gen, cfg, n, dev, self.centre), self.delay)
         noise = (-cfg.start_noise, cfg.start_noise)
         arm_q = self.home + uniform(self.gen, (n, len(self.home)), noise, dev, dt)
         self.sim.reset(mask, full_pose(self.dyn, arm_q))

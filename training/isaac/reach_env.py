@@ -23,7 +23,8 @@ from isaaclab.envs import DirectRLEnv
 from soarm import config
 from soarm.description import load_robot
 from soarm.dynamics import ArmDynamics
-from soarm.reach import (ReachCfg, action_to_goal, delay_goals, deviation_weights, draw_latency, draw_physics,
+from soarm.identified import task_centre
+from soarm.reach import (ReachCfg, action_to_goal, delay_goals, deviation_weights, draw_latency, draw_physics, max_latency,
                          draw_targets, full_pose, limit_clearance, observe, rewards, sample_targets, task_state,
                          terminations, uniform)
 from soarm.training.episode_stats import EpisodeStats
@@ -44,11 +45,12 @@ class SO101ReachEnv(DirectRLEnv):
         self.home = torch.as_tensor(self.robot.home, device=self.device, dtype=torch.float32)
         self.deviation = deviation_weights(self.robot, self.task.reward, self.device)
         self.gen = torch.Generator().manual_seed(0 if cfg.seed is None else cfg.seed)
+        self.centre = task_centre(self.task.arm, self.task.servo, self.robot, self.device)
         self.target_pool = sample_targets(self.dyn, self.task.command, max(65536, 4 * self.num_envs), self.gen)
         self.window = self.task.window_steps
         N, A = self.num_envs, len(self.robot.arm_joints)
         self.target, self.action, self.goal, self.goal_line, self.delay, self.prev_meas = task_state(
-            N, A, self.task.randomization.latency_ticks[1], self.device)
+            N, A, max_latency(self.task.randomization, self.centre), self.device)
         self.joint_goal = torch.zeros(N, len(self.robot.names), device=self.device)
         self.gripper = self.robot.index(self.robot.gripper_joint)
         self.episodes = EpisodeStats(N, self.device)
@@ -126,7 +128,7 @@ class SO101ReachEnv(DirectRLEnv):
         super()._reset_idx(env_ids)
         n, J, dev = len(env_ids), len(self.robot.names), self.device
         cfg, s = self.task.randomization, self.servos
-        drawn = draw_physics(self.gen, cfg, s.params, n, J, dev)
+        drawn = draw_physics(self.gen, cfg, s.params, n, J, dev, centre=self.centre)
         s.gain_scale[env_ids] = drawn["gain_scale"]
         s.coulomb[env_ids] = drawn["coulomb"]
         s.viscous[env_ids] = drawn["viscous"]
@@ -136,7 +138,7 @@ class SO101ReachEnv(DirectRLEnv):
         self.arm_robot.set_inertias_index(inertias=self.nominal_inertia[env_ids] * mass_scale[..., None],
                                           body_ids=self.bodies, env_ids=env_ids)
         s.encoder_offset[env_ids] = drawn["encoder_offset"]
-        self.delay[env_ids] = draw_latency(self.gen, cfg, n, dev)
+        self.delay[env_ids] = draw_latency(self.gen, cfg, n, dev, self.centre)
         noise = (-cfg.start_noise, cfg.start_noise)
         arm_q = self.home + uniform(self.gen, (n, len(self.home)), noise, dev, torch.float32)
         q = full_pose(self.dyn, arm_q)

@@ -1,0 +1,103 @@
+"""An identified arm: how one user's SO-101 differs from the nominal servo model, per joint.
+
+`soarm sysid` (robot/sysid.py) writes it from `soarm excite` logs; training reads it through
+`ReachCfg.arm` and centres the domain randomization on it (`Centre`): the drawn gain,
+friction and mass multipliers multiply the identified ones, and the drawn backlash and
+latency are moved so that their ranges' midpoints sit on the identified values.
+
+    arm = load_arm("runs/sysid/arm.yaml", robot)       # ConfigError: one line naming the key
+    draw_physics(gen, cfg, servo, n, J, device, centre=centre_of(arm, robot, device))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from soarm import CONFIG_DIR, config
+from soarm.description import RobotDescription
+
+
+@dataclass
+class IdentifiedArm:
+    servo: str                            # the servo model these scale (relative to configs/)
+    joints: list[str]                     # arm joints, in the order of every list below
+    gain_scale: list[float]               # x the firmware's loop gain
+    friction_scale: list[float]           # x the servo model's Coulomb and viscous friction
+    mass_scale: list[float]               # x the link's mass and inertia (the link each joint moves)
+    backlash_deg: list[float]             # free play of each gearbox
+    latency_ticks: int = 0                # control ticks a goal takes to act on the arm
+    source: dict = field(default_factory=dict)   # what it was fitted on and how well (not read back)
+
+    def validate(self) -> None:
+        n = len(self.joints)
+        for name in ("gain_scale", "friction_scale", "mass_scale", "backlash_deg"):
+            values = getattr(self, name)
+            if len(values) != n:
+                raise ValueError(f"{name}: {len(values)} values for {n} joints")
+            if not all(math.isfinite(v) and v >= 0 for v in values):
+                raise ValueError(f"{name}: values must be finite and not negative, got {values}")
+        for name in ("gain_scale", "mass_scale"):
+            if not all(v > 0 for v in getattr(self, name)):
+                raise ValueError(f"{name}: values must be positive")
+        if self.latency_ticks < 0:
+            raise ValueError("latency_ticks: must not be negative")
+
+
+def load_arm(path: str | Path, robot: RobotDescription, servo: str) -> IdentifiedArm:
+    """The identified arm at `path` (relative to configs/ unless absolute), for this robot
+    and the servo model `servo` (its multipliers scale that model, no other)."""
+    path = CONFIG_DIR / path
+    arm = config.load(IdentifiedArm, path)
+    if list(arm.joints) != list(robot.arm_joints):
+        raise config.ConfigError(f"{path}: joints {arm.joints} are not this robot's arm joints "
+                                 f"{list(robot.arm_joints)}")
+    if arm.servo != servo:
+        raise config.ConfigError(f"{path}: identified on the servo model {arm.servo}, the task uses {servo}")
+    return arm
+
+
+def task_centre(arm_file: str | None, servo: str, robot: RobotDescription, device="cpu") -> Centre | None:
+    """What a task's randomization centres on: its `arm` file's values, or None (nominal)."""
+    return None if arm_file is None else centre_of(load_arm(arm_file, robot, servo), robot, device)
+
+
+@dataclass
+class Centre:
+    """An identified arm as rows over every joint of the robot (the gripper: nominal), what
+    the randomization draws are moved onto."""
+    gain_scale: torch.Tensor          # [J]
+    friction_scale: torch.Tensor      # [J]
+    mass_scale: torch.Tensor          # [J]
+    backlash: torch.Tensor            # [J] rad
+    latency_ticks: int
+
+    def physics(self, drawn: dict[str, torch.Tensor], backlash_range_deg: tuple[float, float]) -> dict[str, torch.Tensor]:
+        """`draw_physics`'s draws moved onto this arm: multipliers multiplied, the backlash
+        range's midpoint moved onto the identified play (never below 0). PD-driven arms keep
+        their drive (it is not the servo that was identified) and take the rest."""
+        mid = math.radians(sum(backlash_range_deg) / 2)
+        return {**drawn, "gain_scale": drawn["gain_scale"] * self.gain_scale,
+                "coulomb": drawn["coulomb"] * self.friction_scale, "viscous": drawn["viscous"] * self.friction_scale,
+                "mass_scale": drawn["mass_scale"] * self.mass_scale,
+                "backlash": torch.clamp(drawn["backlash"] + self.backlash - mid, min=0.0)}
+
+    def latency(self, drawn: torch.Tensor, latency_range: tuple[int, int]) -> torch.Tensor:
+        """Latency draws (control ticks) moved so that the range's midpoint is the identified value."""
+        return torch.clamp(drawn + self.latency_ticks - round(sum(latency_range) / 2), min=0)
+
+    def max_latency(self, latency_range: tuple[int, int]) -> int:
+        """The most control ticks `latency` returns for draws within latency_range."""
+        return max(0, latency_range[1] + self.latency_ticks - round(sum(latency_range) / 2))
+
+
+def centre_of(arm: IdentifiedArm, robot: RobotDescription, device="cpu", dtype=torch.float32) -> Centre:
+    def row(values: list[float], nominal: float) -> torch.Tensor:
+        r = torch.full((len(robot.names),), nominal, dtype=dtype)
+        r[robot.arm_index] = torch.tensor(values, dtype=dtype)
+        return r.to(device)
+    return Centre(row(arm.gain_scale, 1.0), row(arm.friction_scale, 1.0), row(arm.mass_scale, 1.0),
+                  torch.deg2rad(row(arm.backlash_deg, 0.0)), arm.latency_ticks)
