@@ -6,13 +6,17 @@ emulated arm neither was told about.
 
 1. `soarm excite` (the full plan) on `soarm emulate --perturb SEED`, over the pty (--log: skip).
 2. `soarm sysid` on that log (--arm: skip).
-3. `soarm train --set task.arm=ARM` with the shipped policy's config and seed, exported
-   (--identified: skip).
-4. Both policies in the transfer suite's closed loop (`PolicyStep` and the safety layer at
-   the contract's rate) on the emulator's perturbed plant (`perturbed:SEED`, the physics the
-   emulator ran), on the identified plant and on the nominal one, 200 targets each.
+3. Two policies trained with the shipped config and seed, but the randomization narrowed to
+   one arm's spread (ARM_RANDOMIZATION: what a user trains for the arm they identified), one
+   centred on the identified arm (`--set task.arm=ARM`), one on the nominal model; exported
+   (--identified / --nominal: skip).
+4. Those and the shipped policy (the wide randomization) in the transfer suite's closed loop
+   (`PolicyStep` and the safety layer at the contract's rate) on the emulator's perturbed
+   plant (`perturbed:SEED`, the physics the emulator ran), on the identified plant and on the
+   nominal one, 200 targets each.
 
-Prints JSON: each policy's mean error per plant, and the ratio nominal-trained /
+Prints the identified arm beside what the emulator hid (`--perturb SEED` draws it again),
+then JSON: each policy's mean error per plant, and the ratio nominal-trained /
 identified-trained on the perturbed arm (above 1: identification helped).
 """
 
@@ -42,15 +46,45 @@ def record(seed: int, work: Path) -> Path:
     return report.logs[-1]
 
 
-def train_on(arm: Path, work: Path) -> Path:
+# One arm's spread, not every arm's: the unit-to-unit and wear spread left once the arm's own
+# gain, friction, masses, play and latency are known; no PD-driven arms (the drive is the
+# identified servo).
+ARM_RANDOMIZATION = {"task.randomization.gain_scale": [0.85, 1.15], "task.randomization.friction_scale": [0.7, 1.4],
+                     "task.randomization.backlash_deg": [0.0, 1.0], "task.randomization.pd_share": 0.0}
+
+
+def train_on(arm: Path | None, work: Path, name: str) -> Path:
     from soarm.export.exporter import export
     from soarm.training.train import DEFAULT_CONFIG, train
 
-    out = train(DEFAULT_CONFIG, {"task.arm": str(arm.resolve()), "run.name": "sysid_bench",
-                                 "run.out_dir": str(work.resolve())})
+    centre = {} if arm is None else {"task.arm": str(arm.resolve())}
+    out = train(DEFAULT_CONFIG, {**ARM_RANDOMIZATION, **centre, "run.name": name, "run.out_dir": str(work.resolve())})
     policy = Path(out["run_dir"]) / "policy.onnx"
     export(Path(out["run_dir"]), policy)
     return policy
+
+
+def recovery_table(arm_file: Path, seed: int) -> list[str]:
+    """Identified / hidden, per arm joint and parameter."""
+    import math
+
+    from soarm import CONFIG_DIR, config
+    from soarm.description import load_robot
+    from soarm.identified import IdentifiedArm
+    from soarm.robot.plant import Perturbation
+
+    robot = load_robot()
+    arm = config.load(IdentifiedArm, CONFIG_DIR / arm_file)
+    hidden = Perturbation.draw(seed, len(robot.names))
+    lines = [f"{'joint':14s} {'gain':>11s} {'friction':>11s} {'mass':>11s} {'backlash deg':>13s}   (identified / hidden)"]
+    for j, name in enumerate(arm.joints):
+        i = robot.index(name)
+        lines.append(f"{name:14s} {arm.gain_scale[j]:5.2f}/{hidden.gain_scale[i]:<5.2f} "
+                     f"{arm.friction_scale[j]:5.2f}/{hidden.friction_scale[i]:<5.2f} "
+                     f"{arm.mass_scale[j]:5.2f}/{hidden.mass_scale[i]:<5.2f} "
+                     f"{arm.backlash_deg[j]:6.2f}/{math.degrees(hidden.backlash[i]):<6.2f}")
+    lines.append(f"latency ticks {arm.latency_ticks}/{round(hidden.latency_s * 30)}")
+    return lines
 
 
 def main() -> int:
@@ -60,8 +94,7 @@ def main() -> int:
     ap.add_argument("--log", type=Path, default=None)
     ap.add_argument("--arm", type=Path, default=None)
     ap.add_argument("--identified", type=Path, default=None, help="policy trained on the identified arm")
-    ap.add_argument("--nominal", type=Path, default=REPO_ROOT / "data" / "policies" / "reach.onnx",
-                    help="policy trained on the nominal model (default: the shipped one)")
+    ap.add_argument("--nominal", type=Path, default=None, help="policy trained on the nominal model, narrowed")
     ap.add_argument("--targets", type=int, default=200)
     args = ap.parse_args()
 
@@ -72,14 +105,18 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     log = args.log or record(args.seed, work)
     print(f"sysid_policy: excitation log {log} ({time.time() - t0:.0f} s)", flush=True)
-    arm = args.arm or work / "fit" / "arm.yaml"
+    arm = (args.arm or work / "fit" / "arm.yaml").resolve()
     if args.arm is None:
         sysid([log], work / "fit", SysidCfg())
-    policy = args.identified or train_on(arm, work)
+    print("\n".join(recovery_table(arm, args.seed)), flush=True)
+    policy = args.identified or train_on(arm, work, "on_identified")
     print(f"sysid_policy: policy trained on the identified arm {policy} ({time.time() - t0:.0f} s)", flush=True)
+    nominal = args.nominal or train_on(None, work, "on_nominal")
+    print(f"sysid_policy: policy trained on the nominal model {nominal} ({time.time() - t0:.0f} s)", flush=True)
     plants = ["nominal", f"perturbed:{args.seed}", f"identified:{arm.resolve()}"]
     rows = {}
-    for name, path in (("nominal-trained", args.nominal), ("identified-trained", policy)):
+    for name, path in (("nominal-trained", nominal), ("identified-trained", policy),
+                       ("shipped (wide randomization)", REPO_ROOT / "data" / "policies" / "reach.onnx")):
         result = run_suite(path, plants, targets=args.targets)
         rows[name] = {"policy": str(path), **{p: round(r["mean_error_m"] * 1000, 2) for p, r in result["plants"].items()}}
     perturbed = f"perturbed:{args.seed}"

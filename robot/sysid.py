@@ -412,7 +412,8 @@ def _traces(w: Windows, best: Candidates, robot: RobotDescription, servo: ServoC
 
 
 def plot(result: SysidResult, path: Path) -> Path:
-    """One panel per arm joint: the logged angle and both models' replay of it."""
+    """One panel per arm joint: both models' replay minus the logged angle (mrad), over the
+    window where that joint's goal moves most, the logged angle on the right axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -424,12 +425,16 @@ def plot(result: SysidResult, path: Path) -> Path:
     fig, axes = plt.subplots(len(names), 1, figsize=(9, 2.2 * len(names)), squeeze=False)
     for ax, name, f in zip(axes[:, 0], names, result.joints):
         tr = result.traces[name]
-        ax.plot(tr["t"], tr["measured"], "k", lw=1.2, label="logged")
-        ax.plot(tr["t"], tr["nominal"], "tab:red", lw=0.9, label=f"nominal ({f.rms_nominal_mrad:.1f} mrad)")
-        ax.plot(tr["t"], tr["identified"], "tab:blue", lw=0.9, label=f"identified ({f.rms_mrad:.1f} mrad)")
-        ax.set_ylabel(f"{name} (rad)")
+        logged = np.asarray(tr["measured"])
+        for key, colour, rms in (("nominal", "tab:red", f.rms_nominal_mrad), ("identified", "tab:blue", f.rms_mrad)):
+            ax.plot(tr["t"], 1000 * (np.asarray(tr[key]) - logged), colour, lw=0.9,
+                    label=f"{key} model ({rms:.1f} mrad RMS, all windows)")
+        ax.set_ylabel(f"{name}\nmodel - log (mrad)", fontsize=8)
         ax.set_title(tr["window"], fontsize=8, loc="right")
         ax.legend(fontsize=7, loc="upper left")
+        angle = ax.twinx()
+        angle.plot(tr["t"], logged, "k", lw=0.6, alpha=0.4)
+        angle.set_ylabel("logged (rad)", fontsize=7)
     axes[-1, 0].set_xlabel("s from the window's start")
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
@@ -458,5 +463,5 @@ def sysid(logs: list[Path], out_dir: Path, cfg: SysidCfg, out: Callable[[str], N
     for line in result.table():
         out(line)
     out(f"soarm sysid: {result.windows} windows fitted in {result.wall_s:.0f} s; train on it with "
-        f"`soarm train --set task.arm={arm_file}`; report {out_dir / 'sysid.json'}, plot {png}")
+        f"`soarm train --set task.arm={arm_file.resolve()}`; report {out_dir / 'sysid.json'}, plot {png}")
     return result

@@ -140,3 +140,16 @@ def test_an_identified_arm_file_is_checked_and_centres_the_training_env(tmp_path
         with pytest.raises(config.ConfigError, match=words) as e:
             ReachEnv(dataclasses.replace(base, arm=str(bad)), 4, seed=0)
         assert "\n" not in str(e.value) and "bad.yaml" in str(e.value)
+
+
+def test_sysid_writes_an_arm_file_training_reads_a_report_and_a_plot(tmp_path):
+    from soarm.identified import load_arm
+    from soarm.robot.sysid import sysid
+
+    log = write_log(tmp_path / "moving.mcap", n=150)
+    result = sysid([log], tmp_path / "out", SysidCfg(iterations=1, polish_steps=1, population=4, elites=2),
+                   out=lambda line: None)
+    arm = load_arm(tmp_path / "out" / "arm.yaml", ROBOT, "servo/sts3215_7v4.yaml")
+    assert arm.joints == ARM and arm.gain_scale == result.arm.gain_scale
+    assert (tmp_path / "out" / "sysid.json").is_file() and (tmp_path / "out" / "sysid.png").stat().st_size > 0
+    assert all(j.rms_held_out_mrad is None for j in result.joints)       # one pose only: nothing to hold out

@@ -39,7 +39,7 @@ def load_cfg(path: Path, overrides: dict[str, Any], resume: dict | None) -> tupl
         cfg = config.load(TrainCfg, path, own)
         return cfg, config.load(ReachCfg, CONFIG_DIR / cfg.task, task_set)
     if "task" in own:
-        raise config.ConfigError(f"--set task: a resumed run keeps its task; change its keys with --set task.KEY=VALUE")
+        raise config.ConfigError("--set task: a resumed run keeps its task; change its keys with --set task.KEY=VALUE")
     raw, task_raw = copy.deepcopy(resume["cfg"]), copy.deepcopy(resume["task"])
     for key, value in own.items():
         config._set_dotted(raw, key, value)
