@@ -322,7 +322,8 @@ def summary(result: dict) -> str:
 
 
 def table(result: dict) -> str:
-    head = (f"{'plant':<22}{'mean':>8}{'median':>8}{'p95':>8}{'<1cm':>8}{'<5mm':>8}{'ratio':>7}{'clear':>8}"
+    width = max(22, *(len(name) + 2 for name in result["plants"]))     # identified:<path> runs long
+    head = (f"{'plant':<{width}}{'mean':>8}{'median':>8}{'p95':>8}{'<1cm':>8}{'<5mm':>8}{'ratio':>7}{'clear':>8}"
             f"{'sensed':>8}{'judged':>8}  ok   (mm, %; ratio: mean / nominal mean; clear: window ends >= 0.1 rad"
             " from every limit; sensed: mean error of the fingertip the encoders report; judged: the ratio"
             " held to its bound, of the sensed error (*) where no policy can see the perturbation)")
@@ -331,7 +332,7 @@ def table(result: dict) -> str:
         ratio = f"{r['ratio_to_nominal']:.2f}" if "ratio_to_nominal" in r else "-"
         judged = f"{r['judged_ratio']:.2f}{'*' if plant_spec(name).sensed else ' '}" if "judged_ratio" in r else "- "
         ok = ("yes" if r["holds"] else "NO") if "holds" in r else "-"
-        lines.append(f"{name:<22}{r['mean_error_m'] * 1e3:8.2f}{r['median_error_m'] * 1e3:8.2f}"
+        lines.append(f"{name:<{width}}{r['mean_error_m'] * 1e3:8.2f}{r['median_error_m'] * 1e3:8.2f}"
                      f"{r['p95_error_m'] * 1e3:8.2f}{r['success_1cm'] * 100:8.1f}{r['success_5mm'] * 100:8.1f}"
                      f"{ratio:>7}{r['clear_of_limits'] * 100:8.1f}{r['sensed_mean_error_m'] * 1e3:8.2f}"
                      f"{judged:>8}  {ok}")

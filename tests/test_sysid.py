@@ -16,6 +16,19 @@ ROBOT = load_robot()
 ARM = list(ROBOT.arm_joints)
 
 
+def gravity_on(joint: int, mass_scale: list[float]) -> float:
+    """N m of gravity on arm joint `joint` at the home pose, with these arm link mass scales."""
+    from soarm.dynamics import ArmDynamics
+    from soarm.reach import full_pose
+
+    dyn = ArmDynamics(ROBOT)
+    scale = torch.ones(1, dyn.J)
+    scale[0, ROBOT.arm_index] = torch.tensor(mass_scale[:len(ARM)], dtype=torch.float32)
+    q = full_pose(dyn, torch.as_tensor(ROBOT.home, dtype=torch.float32)[None])
+    _, bias = dyn.mass_and_bias(q, torch.zeros_like(q), scale)
+    return float(bias[0, ROBOT.arm_index[joint]])
+
+
 def write_log(path, n=120, rate=30.0, moving=True, torque=True, t_back_at=None):
     header = {"source": "soarm", "arm_joints": ARM, "gripper": "gripper", "rate_hz": rate}
     writer = EncoderLogWriter(path, header)
@@ -82,8 +95,10 @@ def test_sysid_recovers_an_emulated_arm_it_was_not_told_about(tmp_path):
     - loop gain within 15 %: the chirps' phase and the steps' rise time pin it;
     - friction within 40 %: it shows only in the small-signal part of the motion, where one
       encoder tick (1.5 mrad) is a large share of the error;
-    - link mass within 20 % on the shoulder lift, whose gravity load the two poses change
-      (the pan carries no gravity: its mass shows only as inertia beside the armature's);
+    - the gravity torque on the shoulder lift at home within 10 %: its load is every link's
+      beyond it, and with only the pan and the lift excited, how it splits between those
+      links is not identified (the full plan's elbow and wrist segments pin it, docs/sysid.md);
+      the pan carries no gravity;
     - backlash within 0.5 deg where the load reverses or is absent (pan); within the
       search range elsewhere: a gearbox pushed always to one side by gravity hides its play;
     - latency: the control tick the emulator delays goals by;
@@ -111,7 +126,8 @@ def test_sysid_recovers_an_emulated_arm_it_was_not_told_about(tmp_path):
     for j in (pan, lift):
         assert got["gain_scale"][j] == pytest.approx(truth["gain_scale"][j], rel=0.15), (ARM[j], got, truth)
         assert got["friction_scale"][j] == pytest.approx(truth["friction_scale"][j], rel=0.4), (ARM[j], got, truth)
-    assert got["mass_scale"][lift] == pytest.approx(truth["mass_scale"][lift], rel=0.2), (got, truth)
+    assert gravity_on(lift, got["mass_scale"]) == pytest.approx(gravity_on(lift, truth["mass_scale"]), rel=0.1), \
+        (got, truth)
     assert got["backlash_deg"][pan] == pytest.approx(math.degrees(truth["backlash"][pan]), abs=0.5), (got, truth)
     assert round(float(best.latency[0]) / SysidCfg().substeps) == round(truth["latency_s"] * 30)
     fitted, before = rms_per_joint(w, best, ROBOT, servo), rms_per_joint(w, nominal(len(ARM)), ROBOT, servo)
