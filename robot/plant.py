@@ -66,6 +66,16 @@ class Perturbation:
         return cls(friction_scale=friction, gain_scale=uniform(0.7, 1.3), mass_scale=uniform(0.8, 1.2),
                    backlash=uniform(0.0, math.radians(1.5)), latency_s=int(g.integers(0, 3)) / CONTROL_HZ)
 
+    def centre(self):
+        """This arm as an identified one would be written (soarm.identified.Centre)."""
+        import torch
+
+        from soarm.identified import Centre
+
+        row = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+        return Centre(row(self.gain_scale), row(self.friction_scale), row(self.mass_scale), row(self.backlash),
+                      round(self.latency_s * CONTROL_HZ))
+
 
 @dataclass(frozen=True)
 class PlantState:
@@ -183,11 +193,7 @@ class _ArmSimStepper:
         self.dt = dt
         self.latency_s = perturbation.latency_s if perturbation else 0.0
         if perturbation:
-            ph, row = sim.physics, lambda x: torch.tensor([x], dtype=torch.float32)
-            sim.physics = dataclasses.replace(
-                ph, coulomb=ph.coulomb * row(perturbation.friction_scale),
-                viscous=ph.viscous * row(perturbation.friction_scale), gain_scale=row(perturbation.gain_scale),
-                mass_scale=row(perturbation.mass_scale), backlash=row(perturbation.backlash))
+            sim.physics = perturbation.centre().apply(sim.physics)
         q_start = q0 if q0 is not None else rest_pose(sim)
         sim.reset(torch.ones(1, dtype=torch.bool), torch.tensor([q_start], dtype=torch.float32))
         sim.enabled[:] = False                               # servos power up with torque off

@@ -111,7 +111,6 @@ class JointFit:
 class SysidResult:
     arm: IdentifiedArm
     joints: list[JointFit]
-    latency_ms: float
     windows: int
     wall_s: float
     traces: dict = field(default_factory=dict)    # for the plot: per joint, t, measured, nominal, identified
@@ -123,7 +122,7 @@ class SysidResult:
             v, held = f.values, "-" if f.rms_held_out_mrad is None else f"{f.rms_held_out_mrad:.2f}"
             lines.append(f"{f.joint:14s} {v['gain_scale']:6.2f} {v['friction_scale']:6.2f} {v['mass_scale']:6.2f} "
                          f"{v['backlash_deg']:6.2f}  {f.rms_nominal_mrad:17.2f} {f.rms_mrad:6.2f} {held:>8s}")
-        lines.append(f"latency {self.latency_ms:.0f} ms ({self.arm.latency_ticks} control ticks)")
+        lines.append(f"latency {self.arm.latency_ticks} control ticks")
         return lines
 
 
@@ -254,11 +253,16 @@ def replay(w: Windows, cand: Candidates, robot: RobotDescription, servo: ServoCo
     return out.reshape(B, 2, S, *out.shape[1:])
 
 
+def side_sq_error(w: Windows, readings: torch.Tensor) -> torch.Tensor:
+    """Summed squared error per candidate, end of the play, window and joint [B, 2, S, A]."""
+    err = (readings - w.measured[None, None]) * w.valid[None, None, :, :, None]
+    return (err ** 2).sum(dim=3)
+
+
 def window_sq_error(w: Windows, readings: torch.Tensor) -> torch.Tensor:
     """Summed squared error per candidate, window and joint [B, S, A], from the better end
     of the play for each held joint."""
-    err = (readings - w.measured[None, None]) * w.valid[None, None, :, :, None]
-    return (err ** 2).sum(dim=3).amin(dim=1)
+    return side_sq_error(w, readings).amin(dim=1)
 
 
 def joint_sq_error(w: Windows, readings: torch.Tensor) -> torch.Tensor:
@@ -374,33 +378,29 @@ def identify(paths: list[Path], robot: RobotDescription, servo: ServoConfig, ser
             fold = fit(w.take(idx), robot, servo, cfg, out, f"{pose} windows only")
             sq += joint_sq_error(scored, replay(scored, fold, robot, servo))[0] * scored.valid.sum()
         held = 1000 * (sq / w.valid.sum()).sqrt()
-    rms_nom = rms_per_joint(w, nominal(A), robot, servo)
-    rms_fit = rms_per_joint(w, best, robot, servo)
+    both = Candidates(torch.cat([nominal(A).theta, best.theta]), torch.cat([nominal(A).latency, best.latency]))
+    readings = replay(w, both, robot, servo)                           # [2: nominal, fit; 2 sides, S, K, A]
+    rms_nom, rms_fit = 1000 * joint_sq_error(w, readings).sqrt()
     values = {k: v[0] for k, v in best.values().items()}
-    latency_ms = 1000 * float(best.latency[0]) * w.dt
     identified = IdentifiedArm(
         servo=servo_file, joints=arm, **{k: [round(float(x), 4) for x in v] for k, v in values.items()},
         latency_ticks=int(round(float(best.latency[0]) / cfg.substeps)),
-        source={"logs": [str(p) for p in paths], "latency_ms": round(latency_ms, 1),
+        source={"logs": [str(p) for p in paths],
                 "rms_mrad": {"nominal": _per(arm, rms_nom), "fit": _per(arm, rms_fit),
                              "held_out": None if held is None else _per(arm, held)}})
     joints = [JointFit(n, {k: float(values[k][j]) for k in PARAMS}, float(rms_nom[j]), float(rms_fit[j]),
                        None if held is None else float(held[j])) for j, n in enumerate(arm)]
-    result = SysidResult(identified, joints, latency_ms, w.q0.shape[0], time.time() - t0)
-    result.traces = _traces(w, best, robot, servo)
-    return result
+    return SysidResult(identified, joints, w.q0.shape[0], time.time() - t0, _traces(w, readings, robot))
 
 
 def _per(names: list[str], x: torch.Tensor) -> dict[str, float]:
     return {n: round(float(v), 2) for n, v in zip(names, x)}
 
 
-def _traces(w: Windows, best: Candidates, robot: RobotDescription, servo: ServoConfig) -> dict:
-    """Per arm joint, the window where its goal moves most: measured, nominal, identified."""
-    both = Candidates(torch.cat([nominal(w.q0.shape[1]).theta, best.theta]), torch.cat([torch.tensor([0]), best.latency]))
-    readings = replay(w, both, robot, servo)                           # [2, 2 sides, S, K, A]
-    err = (((readings - w.measured[None, None]) * w.valid[None, None, :, :, None]) ** 2).sum(dim=3)
-    side = err.argmin(dim=1)                                           # [2, S, A]
+def _traces(w: Windows, readings: torch.Tensor, robot: RobotDescription) -> dict:
+    """Per arm joint, the window where its goal moves most: measured, nominal, identified
+    (`readings` of the nominal and the fitted arm, as `replay` returns them)."""
+    side = side_sq_error(w, readings).argmin(dim=1)                    # [2, S, A]
     traces = {}
     for j, name in enumerate(robot.arm_joints):
         s = int(torch.argmax(w.goals[:, :, j].amax(1) - w.goals[:, :, j].amin(1)))
@@ -456,7 +456,7 @@ def sysid(logs: list[Path], out_dir: Path, cfg: SysidCfg, out: Callable[[str], N
     result = identify([Path(p) for p in logs], load_robot(), servo, task.servo, cfg, out)
     out_dir = Path(out_dir)
     arm_file = config.dump(result.arm, out_dir / "arm.yaml")
-    report = {"arm": str(arm_file), "windows": result.windows, "latency_ms": result.latency_ms,
+    report = {"arm": str(arm_file), "windows": result.windows, "latency_ticks": result.arm.latency_ticks,
               "wall_s": round(result.wall_s, 1), "joints": [vars(j) for j in result.joints]}
     atomic_write(out_dir / "sysid.json", lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
     png = plot(result, out_dir / "sysid.png")

@@ -166,22 +166,14 @@ def _varied(what: str, centre: Callable[[SuiteContext], Centre]) -> PlantSpec:
         c = centre(ctx)
 
         def apply(sim):
-            ph = sim.physics
-            sim.physics = dataclasses.replace(
-                ph, gain_scale=ph.gain_scale * c.gain_scale, coulomb=ph.coulomb * c.friction_scale,
-                viscous=ph.viscous * c.friction_scale, mass_scale=ph.mass_scale * c.mass_scale,
-                backlash=c.backlash.expand_as(ph.backlash).clone())
+            sim.physics = c.apply(sim.physics)
         return _sim(ctx, n, backlash=float(c.backlash.max()), physics=apply)
     return PlantSpec(what, build, lambda ctx, n, g: np.full(n, centre(ctx).latency_ticks, dtype=int))
 
 
 def _perturbed(seed: int) -> PlantSpec:
-    def centre(ctx):
-        p = Perturbation.draw(seed, len(ctx.robot.names))
-        row = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
-        return Centre(row(p.gain_scale), row(p.friction_scale), row(p.mass_scale), row(p.backlash),
-                      round(p.latency_s * ctx.task.control_hz))
-    return _varied(f"our plant as `soarm emulate --perturb {seed}` perturbs it (hidden there)", centre)
+    return _varied(f"our plant as `soarm emulate --perturb {seed}` perturbs it (hidden there)",
+                   lambda ctx: Perturbation.draw(seed, len(ctx.robot.names)).centre())
 
 
 def _identified(path: str) -> PlantSpec:

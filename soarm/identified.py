@@ -11,6 +11,7 @@ latency are moved so that their ranges' midpoints sit on the identified values.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 
 from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription
+from soarm.sim import Physics
 
 
 @dataclass
@@ -80,10 +82,17 @@ class Centre:
         range's midpoint moved onto the identified play (never below 0). PD-driven arms keep
         their drive (it is not the servo that was identified) and take the rest."""
         mid = math.radians(sum(backlash_range_deg) / 2)
-        return {**drawn, "gain_scale": drawn["gain_scale"] * self.gain_scale,
-                "coulomb": drawn["coulomb"] * self.friction_scale, "viscous": drawn["viscous"] * self.friction_scale,
-                "mass_scale": drawn["mass_scale"] * self.mass_scale,
-                "backlash": torch.clamp(drawn["backlash"] + self.backlash - mid, min=0.0)}
+        return self._onto(drawn, torch.clamp(drawn["backlash"] + self.backlash - mid, min=0.0))
+
+    def apply(self, ph: Physics) -> Physics:
+        """A plant's nominal physics made this arm (its play replaces the plant's)."""
+        values = self._onto(dataclasses.asdict(ph), self.backlash.expand_as(ph.backlash).clone())
+        return dataclasses.replace(ph, **values)
+
+    def _onto(self, v: dict[str, torch.Tensor], backlash: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {**v, "gain_scale": v["gain_scale"] * self.gain_scale, "coulomb": v["coulomb"] * self.friction_scale,
+                "viscous": v["viscous"] * self.friction_scale, "mass_scale": v["mass_scale"] * self.mass_scale,
+                "backlash": backlash}
 
     def latency(self, drawn: torch.Tensor, latency_range: tuple[int, int]) -> torch.Tensor:
         """Latency draws (control ticks) moved so that the range's midpoint is the identified value."""
