@@ -50,15 +50,15 @@ def rsl_rl_runner(cfg: TrainCfg, env_seed: int, mixed_precision: bool = False):
 
         def __init__(self, env: ReachEnv):
             self.env, self.num_envs, self.num_actions = env, env.num_envs, env.num_actions
-            self.max_episode_length, self.device, self.cfg = env.max_steps, env.device, {}
+            self.max_episode_length, self.device, self.cfg = env.cfg.episode_steps, env.device, {}
 
         @property
         def episode_length_buf(self):
-            return self.env.step_count
+            return self.env.task.state.steps
 
         @episode_length_buf.setter
         def episode_length_buf(self, value):
-            self.env.step_count = value
+            self.env.task.state.steps = value
 
         def _td(self, obs):
             return TensorDict({"policy": obs}, batch_size=[self.num_envs])

@@ -2,8 +2,8 @@
 
 Pure batched PyTorch functions of tensors: command sampling, the observation (the
 deployment contract: the robot builds its observation with `observe` too), the action
-mapping, rewards, terminations and domain-randomization sampling. The embedded simulator
-(training/env.py), Isaac Lab and the robot runtime all call these.
+mapping, rewards, terminations and domain-randomization sampling. The task's step rules
+(soarm/reach_task.py, which both simulators wrap) and the robot runtime call these.
 
 Observation, in order (units as the real arm measures them, encoder-quantized):
     joint_pos        5  rad, measured arm joint angles minus the home pose
@@ -306,17 +306,6 @@ def rewards(cfg: RewardCfg, *, error: torch.Tensor, action: torch.Tensor, last_a
         "joint_limit": cfg.joint_limit * (cfg.limit_margin - clearance).clamp(min=0).sum(-1),
         "floor": cfg.floor * below_floor.to(error.dtype),
     }
-
-
-def task_state(num_envs: int, num_actions: int, max_latency: int, device) -> tuple[torch.Tensor, ...]:
-    """The per-environment task state every simulator keeps, zeroed: target [N, 3], last
-    policy output, commanded arm goal (rad) [N, A] each, the goals on their way to the servos
-    [N, max_latency + 1, A] (`delay_goals`), each env's latency in ticks [N] (long), and the
-    previous measured joints [N, A]."""
-    kw = dict(device=device, dtype=torch.float32)
-    return (torch.zeros(num_envs, 3, **kw), torch.zeros(num_envs, num_actions, **kw),
-            torch.zeros(num_envs, num_actions, **kw), torch.zeros(num_envs, max_latency + 1, num_actions, **kw),
-            torch.zeros(num_envs, dtype=torch.long, device=device), torch.zeros(num_envs, num_actions, **kw))
 
 
 def uniform(gen: torch.Generator, shape, bounds: tuple[float, float], device, dtype) -> torch.Tensor:

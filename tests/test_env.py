@@ -21,7 +21,7 @@ def test_shapes_and_finiteness(task_cfg):
         obs, rew, term, trunc, info = env.step(torch.rand(16, 5, generator=g) * 2 - 1)
         assert torch.isfinite(obs).all() and torch.isfinite(rew).all()
         assert rew.shape == term.shape == trunc.shape == (16,)
-    assert in_region(env.target, task_cfg.command).all()
+    assert in_region(env.task.state.target, task_cfg.command).all()
 
 
 def test_observation_is_quantized(task_cfg):
@@ -39,11 +39,11 @@ def test_given_targets_are_visited_in_order_one_per_window(task_cfg, num_envs):
     fixed = torch.rand(7, 3, generator=torch.Generator().manual_seed(0))
     env = ReachEnv(cfg, num_envs, seed=0, targets=fixed)
     env.reset()
-    seen = [env.target.clone()]
+    seen = [env.task.state.target.clone()]
     for _ in range(5):                                                          # 5 more windows
         for _ in range(env.window):
             env.step(torch.zeros(num_envs, 5))
-        seen.append(env.target.clone())
+        seen.append(env.task.state.target.clone())
     order = torch.cat(seen)                                                     # window-major, env order
     expect = fixed[torch.arange(len(order)) % len(fixed)]
     assert torch.equal(order, expect)
@@ -56,7 +56,7 @@ def test_truncation_and_auto_reset(task_cfg):
     for k in range(cfg.episode_steps):
         obs, _, term, trunc, info = env.step(torch.zeros(8, 5))
     assert trunc.all() and not term.any()
-    assert (env.step_count == 0).all()                     # all restarted
+    assert (env.task.state.steps == 0).all()                     # all restarted
     assert not torch.equal(info["final_obs"], obs)         # final_obs is the pre-reset observation
     stats = env.pop_stats()
     assert stats["episodes"] == 8 and stats["truncated"] == 1.0
@@ -65,7 +65,7 @@ def test_truncation_and_auto_reset(task_cfg):
 def test_stagger_spreads_episode_starts(task_cfg):
     env = ReachEnv(task_cfg, 256, seed=0)
     env.stagger(24)
-    assert len(env.step_count.unique()) > 5 and (env.step_count % 24 == 0).all()
+    assert len(env.task.state.steps.unique()) > 5 and (env.task.state.steps % 24 == 0).all()
 
 
 def test_nan_action_rejected(task_cfg):
@@ -128,7 +128,7 @@ def test_goal_cannot_wind_up_past_max_relative_target():
 def test_goals_reach_the_servos_after_each_envs_latency():
     """Env i applies the goal of `delay[i]` ticks ago; a reset line starts at the reset goal."""
     delay = torch.tensor([0, 1, 2])
-    line = torch.zeros(3, 3, 1)                            # task_state's shape for at most 2 ticks
+    line = torch.zeros(3, 3, 1)                            # TaskState.goals_in_flight for at most 2 ticks
     applied = []
     for k in range(1, 5):
         a, line = delay_goals(line, torch.full((3, 1), float(k)), delay)
@@ -174,10 +174,10 @@ def test_velocity_survives_a_target_change(task_cfg):
     env.reset()
     for k in range(env.window - 1):
         env.step(torch.ones(8, 5) * (0.8 if k < env.window - 4 else -0.8))
-    before = env.target.clone()
+    before = env.task.state.target.clone()
     obs, _, term, trunc, info = env.step(torch.ones(8, 5) * -0.8)
     kept = ~(term | trunc)
-    assert kept.any() and not torch.equal(env.target[kept], before[kept])
+    assert kept.any() and not torch.equal(env.task.state.target[kept], before[kept])
     vel = obs[kept, OBS_SLICES["joint_vel"]]
     assert vel.abs().sum() > 0
     assert torch.equal(vel, info["final_obs"][kept, OBS_SLICES["joint_vel"]])

@@ -71,18 +71,18 @@ def test_runtime_builds_the_same_observation_as_the_sim(exported, task_cfg):
     rt = PolicyRuntime(root / "policy.onnx")
     env = ReachEnv(task_cfg, 8, seed=3)
     env.step(torch.rand(8, 5) - 0.5)
-    before = env.prev_meas.clone()              # the reading one tick ago
+    before = env.task.state.last_reading.clone()              # the reading one tick ago
     env.step(torch.rand(8, 5) - 0.5)
-    q = env.sim.measured()[:, env.arm]
-    obs = rt.observe(q.numpy(), before.numpy(), env.goal.numpy(), env.target.numpy(), env.action.numpy())
+    q, s = env.reading(), env.task.state
+    obs = rt.observe(q.numpy(), before.numpy(), s.goal.numpy(), s.target.numpy(), s.last_action.numpy())
     np.testing.assert_array_equal(obs, env.obs.numpy())
     a = rt.act(obs)
-    want = env.goal + task_cfg.action_scale * torch.clamp(torch.from_numpy(a), -1, 1)
+    want = s.goal + task_cfg.action_scale * torch.clamp(torch.from_numpy(a), -1, 1)
     if task_cfg.max_relative_target is not None:
         want = torch.clamp(want, q - task_cfg.max_relative_target, q + task_cfg.max_relative_target)
     want = torch.clamp(want, torch.tensor(env.robot.lower[env.robot.arm_index], dtype=torch.float32),
                        torch.tensor(env.robot.upper[env.robot.arm_index], dtype=torch.float32))
-    np.testing.assert_allclose(rt.next_goal(env.goal.numpy(), a, q.numpy()), want.numpy(), atol=1e-7)
+    np.testing.assert_allclose(rt.next_goal(s.goal.numpy(), a, q.numpy()), want.numpy(), atol=1e-7)
 
 
 def test_evaluating_the_file_equals_evaluating_the_checkpoint(exported):

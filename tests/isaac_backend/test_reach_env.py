@@ -24,9 +24,9 @@ from soarm.training.isaac.reach_env import SO101ReachEnv
 from soarm.training.isaac.reach_env_cfg import SO101ReachEnvCfg
 
 
-def make_env(num_envs: int, task_file=None) -> SO101ReachEnv:
+def make_env(num_envs: int, task_file=None, seed: int = 0) -> SO101ReachEnv:
     cfg = SO101ReachEnvCfg(device="cpu", **({"task_file": str(task_file)} if task_file else {}))
-    cfg.scene.num_envs = num_envs
+    cfg.scene.num_envs, cfg.seed = num_envs, seed
     return SO101ReachEnv(cfg)
 
 
@@ -53,9 +53,9 @@ def test_steps_resets_and_joint_targets_move_the_arm():
             obs, rew, term, trunc, extras = env.step(torch.zeros(4, 5))
             assert torch.isfinite(obs["policy"]).all() and torch.isfinite(rew).all()
             truncated_seen |= bool(trunc.any())
-        assert truncated_seen and (env.episode_length_buf < env.max_episode_length).all()
+        assert truncated_seen and (env.task.state.steps < env.task.cfg.episode_steps).all()
         assert torch.isfinite(extras["final_obs"]["policy"]).all()
-        stats = env.episodes.pop()
+        stats = env.task.episodes.pop()
         assert stats["episodes"] >= 4 and 0 < stats["fingertip_error"] < 1.0
     finally:
         env.close()
@@ -103,7 +103,7 @@ def test_same_joint_targets_give_the_same_fingertip_path_in_both_backends(tmp_pa
         with torch.no_grad():
             for k in range(round(5.0 * task.control_hz)):
                 goal = home + amp * math.sin(2 * math.pi * 0.4 * k / task.control_hz)
-                env.goal[:], env.goal_line[:] = goal, goal[None]   # a zero action keeps this goal
+                env.task.state.goal[:], env.task.state.goals_in_flight[:] = goal, goal[None]   # a zero action keeps it
                 env.step(torch.zeros(1, 5))
                 full = sim.goal.clone()
                 full[:, arm] = goal
@@ -117,6 +117,77 @@ def test_same_joint_targets_give_the_same_fingertip_path_in_both_backends(tmp_pa
         assert report["rms_mm"] < 2.0 and report["max_mm"] < 5.0, report
     finally:
         env.close()
+
+
+def test_both_backends_compute_the_same_task_from_the_same_readings(monkeypatch):
+    """Conformance: the embedded env and the Isaac Lab env, same task file and seed, fed the
+    same encoder readings and joint angles (their own physics still runs underneath, unread)
+    and the same actions, for more than an episode with staggered starts, a blown-up arm
+    and time-outs: the same observations, rewards, ends, window errors, task state (targets,
+    goals, latencies, counters) and, at every restart, the same randomization applied."""
+    from soarm.reach import full_pose
+    from soarm.servo import quantize
+    from soarm.training.env import ReachEnv
+
+    N, seed, task_file = 6, 4, CONFIG_DIR / "task" / "reach.yaml"
+    task = config.load(ReachCfg, task_file)
+    ours, isaac = ReachEnv(task, N, seed=seed), make_env(N, task_file, seed=seed)
+    try:
+        robot, tick = load_robot(), [0]
+        home = torch.tensor(robot.home, dtype=torch.float32)
+        wave = torch.linspace(0.0, 2.0, N)[:, None] + torch.arange(5.0)[None]
+
+        def reading():
+            return quantize(home + 0.3 * torch.sin(0.05 * tick[0] + wave))
+
+        def joint_angles():
+            q = full_pose(ours.dyn, reading() + 1e-3)                 # truth a little off the reading
+            if tick[0] == 100:
+                q[1] = torch.nan                                     # arm 1's physics blows up once
+            return q
+
+        for env in (ours, isaac):
+            monkeypatch.setattr(env, "reading", reading)
+            monkeypatch.setattr(env, "joint_angles", joint_angles)
+        o_ours, o_isaac = ours.reset(), isaac.reset()[0]["policy"]
+        ours.stagger(24), isaac.task.stagger(24)
+
+        def same(a, b, what):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+        def same_draws(what):
+            ph, s = ours.sim.physics, isaac.servos
+            for name in ("gain_scale", "coulomb", "viscous", "encoder_offset"):
+                same(getattr(ph, name), getattr(s, name), f"{what}, {name}")
+            mass = isaac.arm_robot.data.body_mass.torch[:, isaac.bodies] / isaac.nominal_mass
+            torch.testing.assert_close(ph.mass_scale, mass, msg=lambda m: f"{what}, mass_scale: {m}")
+
+        same(o_ours, o_isaac, "reset observation")
+        same_draws("reset")
+        actions = torch.Generator().manual_seed(1)
+        restarts = 0
+        for k in range(task.episode_steps + 60):
+            tick[0] = k
+            a = 0.5 * torch.randn(N, 5, generator=actions)
+            o1, r1, te1, tr1, i1 = ours.step(a)
+            o2, r2, te2, tr2, i2 = isaac.step(a)
+            what = f"step {k}"
+            same(o1, o2["policy"], f"{what}, observation")
+            same(r1, r2, f"{what}, reward")
+            same(te1, te2, f"{what}, terminated")
+            same(tr1, tr2, f"{what}, truncated")
+            same(i1["final_obs"], i2["final_obs"]["policy"], f"{what}, final observation")
+            same(i1["window_error"], i2["window_error"], f"{what}, window error")
+            for name, value in ours.task.state.as_dict().items():
+                same(value, getattr(isaac.task.state, name), f"{what}, task state {name}")
+            if (te1 | tr1).any():
+                restarts += int((te1 | tr1).sum())
+                same_draws(what)
+        assert restarts >= N
+        stats_ours, stats_isaac = ours.pop_stats(), isaac.task.episodes.pop()
+        assert stats_ours == pytest.approx(stats_isaac, rel=1e-6, nan_ok=True) and stats_ours["terminated"] > 0
+    finally:
+        isaac.close()
 
 
 def test_isaac_lab_cli_agent_config_is_our_training_config():

@@ -36,7 +36,7 @@ class SO101ReachEnvCfg(DirectRLEnvCfg):
     action_space: int = ACTION_DIM
     observation_space: int = OBS_DIM
     state_space: int = 0
-    compute_final_obs: bool = True               # our PPO bootstraps time-outs from it
+    compute_final_obs: bool = False              # the task hands over its own (reach_env.py)
     scene: SO101SceneCfg = SO101SceneCfg(num_envs=4096, env_spacing=1.0, replicate_physics=True)
     # use_newton_actuators=False: Newton runs only its own actuator types natively; ours is
     # an explicit model that Isaac Lab evaluates on the host every physics step.

@@ -22,19 +22,14 @@ class IsaacReachEnv:
     def step(self, actions: torch.Tensor):
         obs, reward, terminated, truncated, extras = self.env.step(actions)
         self.obs = obs["policy"]
-        # Isaac Lab fills final_obs only on steps where some environment reset; the trainer
-        # reads it only where one did.
-        final = extras.get("final_obs", obs)["policy"]
-        return self.obs, reward, terminated, truncated, {"final_obs": final, "window_error": extras["window_error"]}
+        return self.obs, reward, terminated, truncated, {"final_obs": extras["final_obs"]["policy"],
+                                                          "window_error": extras["window_error"]}
 
     def stagger(self, quantum: int) -> None:
-        """Spread episode starts over the episode length (as ReachEnv.stagger)."""
-        slots = max(1, int(self.env.max_episode_length) // quantum)
-        k = torch.randint(0, slots, (self.num_envs,), generator=self.env.gen)
-        self.env.episode_length_buf[:] = (k * quantum).to(self.device)
+        self.env.task.stagger(quantum)
 
     def pop_stats(self) -> dict[str, float]:
-        return self.env.episodes.pop()
+        return self.env.task.episodes.pop()
 
     def state_dict(self) -> dict:
         # Newton's state is not captured: a resumed Isaac Lab run starts fresh episodes

@@ -1,6 +1,6 @@
 """Episode and target-window statistics of the reach task, accumulated on the device.
 
-Shared by both backends (training/env.py, training/isaac/), so the trainer logs the same
+Kept by the reach task (soarm/reach_task.py) for both backends, so the trainer logs the same
 quantities whichever simulator produced them: `record` every step adds sums without
 host syncs; `pop` turns them into means once per iteration (one sync).
 """
