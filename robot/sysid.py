@@ -44,8 +44,8 @@ class SysidCfg:
     substeps: int = 6                  # physics steps per control tick
     window_s: float = 10.0             # s: logs are cut into windows about this long (at the stillest tick)
     min_motion_s: float = 2.0          # s of commanded motion a log must hold
-    population: int = 32               # candidate arms per search step
-    elites: int = 8
+    population: int = 128              # candidate arms per search step (docs/sysid.md: why not 32)
+    elites: int = 32
     iterations: int = 12
     polish_steps: int = 8              # pattern-search steps after the sampled search
     max_latency_ticks: int = 3         # the latency scan's range, control ticks

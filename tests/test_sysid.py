@@ -121,7 +121,7 @@ def test_sysid_recovers_an_emulated_arm_it_was_not_told_about(tmp_path):
     truth = json.loads(truth_file.read_text())
     servo = config.load(ServoConfig, CONFIG_DIR / "servo" / "sts3215_7v4.yaml")
     w = load_windows(report.logs, ROBOT, SysidCfg())
-    best = fit(w, ROBOT, servo, SysidCfg(iterations=8), out=lambda line: None)
+    best = fit(w, ROBOT, servo, SysidCfg(), out=lambda line: None)
     got = {k: v[0].tolist() for k, v in best.values().items()}
     pan, lift = ARM.index("shoulder_pan"), ARM.index("shoulder_lift")
     for j in (pan, lift):
