@@ -6,7 +6,9 @@ MCAP (mcap.dev, the `mcap` library; ROS 2 bags use it too) with one JSON channel
         header: joint names, servo ids, calibration (LeRobot format), control rate,
                 policy file and contract hash, source ("soarm" or "bam-import")
     channel "/soarm/tick" (message encoding json), one message per tick, log_time = ns:
-        t            s since start
+        t            s since start: the tick began (its read was sent)
+        t_read       s since start: the reading arrived, or null (failed; absent from older logs)
+        t_sent       s since start: the goal was written, or null (not sent; absent from older logs)
         raw          {servo id: Present_Position ticks}, or null when the read failed
         q            arm joint angles (rad) decoded through the calibration, or null
         target       commanded fingertip target (m), or null before the first (goal held)

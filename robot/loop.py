@@ -222,10 +222,11 @@ class ControlLoop:
         q, fault, target = None, None, self.target()
         try:
             raw = self.bus.sync_read("Present_Position")
+            t_read = time.perf_counter()
             self._check_plausible(raw, t0)
             q = self._to_rad(raw)
         except BusError as e:
-            raw, fault = None, str(e)
+            raw, fault, t_read = None, str(e), None
             self.stats.read_failures += 1
         self.reading = raw
         move = self.move
@@ -242,9 +243,13 @@ class ControlLoop:
         if q is not None and target is not None and r.action is None:
             self.stats.policy_errors += 1
         d = r.decision
+        sent = d.kind != TORQUE_OFF and self._write(d.goal)
         if self.recorder is not None:
+            t_sent = time.perf_counter()
             self.recorder.write({
-                "t": t0 - self.t0, "raw": raw, "q": None if q is None else q.tolist(),
+                "t": t0 - self.t0, "t_read": None if t_read is None else t_read - self.t0,
+                "t_sent": t_sent - self.t0 if sent else None,
+                "raw": raw, "q": None if q is None else q.tolist(),
                 "target": None if target is None else np.asarray(target, dtype=float).tolist(),
                 "action": None if r.action is None else r.action.tolist(),
                 "goal_policy": None if r.goal_policy is None else r.goal_policy.tolist(),
@@ -256,7 +261,6 @@ class ControlLoop:
         if d.kind == TORQUE_OFF:
             self.shutdown()
             return TORQUE_OFF
-        self._write(d.goal)
         self.stats.ticks += 1
         if self.stats.ticks % self.status_every == 0:
             self.poll_status(self.stats.ticks // self.status_every)
@@ -276,13 +280,16 @@ class ControlLoop:
                                    f"({self.bus.names[sid]}): {jump} ticks in {(now - then) * 1e3:.0f} ms")
         self._accepted = (now, dict(raw))
 
-    def _write(self, arm_goal: np.ndarray) -> None:
+    def _write(self, arm_goal: np.ndarray) -> bool:
+        """Send the goal; False when the write failed (counted, the next tick tries again)."""
         ticks = {self.cal[n].id: rad_to_ticks(self.cal[n], float(g)) for n, g in zip(self.arm, arm_goal)}
         ticks[self.cal[self.gripper].id] = self.gripper_ticks
         try:
             self.bus.sync_write("Goal_Position", ticks)
+            return True
         except BusError:
             self.stats.write_failures += 1
+            return False
 
     def _check_status(self) -> None:
         """Before torque on: no servo may report a fatal fault or run hot (ValueError naming it)."""

@@ -66,6 +66,16 @@ class Perturbation:
         return cls(friction_scale=friction, gain_scale=uniform(0.7, 1.3), mass_scale=uniform(0.8, 1.2),
                    backlash=uniform(0.0, math.radians(1.5)), latency_s=int(g.integers(0, 3)) / CONTROL_HZ)
 
+    def identified(self, robot: RobotDescription, servo: str):
+        """This arm as `soarm sysid` would write it (soarm.identified.IdentifiedArm)."""
+        from soarm.identified import IdentifiedArm
+
+        arm = lambda x: [float(x[i]) for i in robot.arm_index]  # noqa: E731
+        return IdentifiedArm(servo=servo, joints=list(robot.arm_joints), gain_scale=arm(self.gain_scale),
+                             friction_scale=arm(self.friction_scale), mass_scale=arm(self.mass_scale),
+                             backlash_deg=[math.degrees(b) for b in arm(self.backlash)],
+                             latency_ticks=round(self.latency_s * CONTROL_HZ))
+
     def centre(self):
         """This arm as an identified one would be written (soarm.identified.Centre)."""
         import torch

@@ -97,6 +97,13 @@ class Candidates:
         return {"gain_scale": self.theta[..., 0].exp(), "friction_scale": self.theta[..., 1].exp(),
                 "mass_scale": self.theta[..., 2].exp(), "backlash_deg": self.theta[..., 3]}
 
+    @classmethod
+    def of(cls, arm: IdentifiedArm, substeps: int) -> "Candidates":
+        """One candidate: an arm already written down (identified, or the hidden one a test knows)."""
+        theta = torch.tensor([arm.gain_scale, arm.friction_scale, arm.mass_scale, arm.backlash_deg]).T
+        theta[:, :3] = theta[:, :3].log()
+        return cls(theta[None].float(), torch.tensor([arm.latency_ticks * substeps]))
+
 
 @dataclass
 class JointFit:

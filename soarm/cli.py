@@ -149,7 +149,7 @@ def _emulate(args) -> int:
             while not stop.wait(5):
                 if not args.quiet:
                     print(f"  {emu.counters}, physics {emu.plant.state().lag_s:.1f} s behind real time", flush=True)
-            print(f"stopped; {emu.counters}")
+            print(f"stopped; {emu.counters}, physics {emu.plant.state().lag_s:.2f} s behind real time", flush=True)
         finally:
             if operator is not None:
                 operator.stop()
@@ -283,18 +283,23 @@ def _run(args) -> int:
     return 1 if report.fault else 0
 
 
-def _excite(args) -> int:
-    from soarm.robot.excite import ExcitationCfg, excite_arm
+def _excitation(args):
+    from soarm.robot.excite import ExcitationCfg
 
-    report = excite_arm(args.port, args.calibration, args.policy,
-                        ExcitationCfg(max_speed=args.max_speed, chirp_s=args.chirp_s),
+    return ExcitationCfg(max_speed=args.max_speed, chirp_s=args.chirp_s, dwell_s=args.dwell_s)
+
+
+def _excite(args) -> int:
+    from soarm.robot.excite import excite_arm
+
+    report = excite_arm(args.port, args.calibration, args.policy, _excitation(args),
                         args.joints.split(",") if args.joints else None,
                         args.log_dir or REPO_ROOT / "runs" / "excite", args.dry_run)
     return 1 if report.fault else 0
 
 
 def _sysid(args) -> int:
-    from soarm.robot.excite import ExcitationCfg, excite_arm
+    from soarm.robot.excite import excite_arm
     from soarm.robot.sysid import SysidCfg, sysid
 
     out = args.out or REPO_ROOT / "runs" / "sysid" / time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -302,8 +307,7 @@ def _sysid(args) -> int:
     if not logs:
         if args.port is None or args.calibration is None:
             raise ConfigError("give encoder logs to fit, or --port and --calibration to record them first")
-        report = excite_arm(args.port, args.calibration, args.policy,
-                            ExcitationCfg(max_speed=args.max_speed, chirp_s=args.chirp_s),
+        report = excite_arm(args.port, args.calibration, args.policy, _excitation(args),
                             args.joints.split(",") if args.joints else None, out / "logs", args.dry_run)
         if report.fault or args.dry_run:
             return 1 if report.fault else 0
@@ -403,8 +407,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--policy", type=Path, default=REPO_ROOT / "data" / "policies" / "reach.onnx",
                        help="the policy whose contract names the joints and the control rate (it does not act)")
         p.add_argument("--joints", default=None, help="comma-separated arm joints (default: all)")
-        p.add_argument("--max-speed", type=float, default=1.0, help="rad/s, the fastest any joint is asked to move")
-        p.add_argument("--chirp-s", type=float, default=8.0, help="seconds per chirp")
+        from soarm.robot.excite import ExcitationCfg
+
+        p.add_argument("--max-speed", type=float, default=ExcitationCfg.max_speed,
+                       help="rad/s, the fastest any joint is asked to move")
+        p.add_argument("--chirp-s", type=float, default=ExcitationCfg.chirp_s, help="seconds per chirp")
+        p.add_argument("--dwell-s", type=float, default=ExcitationCfg.dwell_s, help="seconds at each step level")
         p.add_argument("--dry-run", action="store_true", help="print the plan; open no port, move nothing")
 
     p = sub.add_parser("excite", help="the identification excitation on the arm: chirps and steps, logged")

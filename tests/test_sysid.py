@@ -2,6 +2,7 @@
 arm it was not told about (`soarm emulate --perturb`); training centres on what it found."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,13 +89,61 @@ def test_training_draws_centre_on_the_identified_arm():
     assert set(lat.tolist()) == {1, 2, 3} and max_latency(task.randomization, centre) == 3   # [0, 2] about 2
 
 
+# A pan-and-lift excitation of `soarm emulate --perturb 6`, recorded over the pty on a quiet
+# machine, and what the emulator hid (tests/data/sysid/README.md: how to record it again).
+RECORDED = Path(__file__).parent / "data" / "sysid"
+PERTURB_SEED, EXCITED = 6, ["shoulder_pan", "shoulder_lift"]
+SHORT_PLAN = dict(chirp_s=5.0, dwell_s=0.6)
+
+
+def hidden_arm(truth_file: Path):
+    """What `soarm emulate --perturb` drew (its --reveal file), as sysid would write it."""
+    import json
+
+    from soarm.robot.plant import Perturbation
+
+    p = Perturbation(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(truth_file.read_text()).items()})
+    return p.identified(ROBOT, "servo/sts3215_7v4.yaml")
+
+
 @pytest.mark.bus
-def test_sysid_recovers_an_emulated_arm_it_was_not_told_about(tmp_path):
-    """`soarm excite` on `soarm emulate --perturb 6`, then the fit; compared with what the
-    emulator drew (--reveal). Tolerances, and why (docs/sysid.md has the full-plan table):
+def test_the_excitation_over_the_pty_records_what_the_arm_did(tmp_path):
+    """`soarm excite` on `soarm emulate --perturb 6`, in real time through the real Feetech SDK
+    and the driver, busy machine or not: every segment runs, and the log is one the replay can
+    explain. Replayed with the values the emulator hid, the excited joints' error is under a
+    quarter of the nominal model's (seen: 2.1-3.2 mrad against 20-30, quiet and beside two CPU
+    hogs). A log whose times or goals were recorded wrong (a goal logged a tick early, a clock
+    that slips) would leave the hidden arm no closer than the nominal one, and nothing to fit."""
+    from soarm import REPO_ROOT
+    from soarm.robot.emulator_process import EmulatorProcess
+    from soarm.robot.excite import ExcitationCfg, excite_arm
+    from soarm.robot.sysid import Candidates, nominal, rms_per_joint
+    from soarm.servo import ServoConfig
+
+    truth_file = tmp_path / "truth.json"
+    args = ("--perturb", str(PERTURB_SEED), "--reveal", str(truth_file))
+    with EmulatorProcess(tmp_path / "cal.json", seed=PERTURB_SEED, args=args) as emu:
+        report = excite_arm(emu.port, emu.calibration, REPO_ROOT / "data" / "policies" / "reach.onnx",
+                            ExcitationCfg(**SHORT_PLAN), EXCITED, tmp_path / "logs", out=lambda line: None)
+    assert not report.fault and len(report.done) == 4, report
+    servo = config.load(ServoConfig, CONFIG_DIR / "servo" / "sts3215_7v4.yaml")
+    w = load_windows(report.logs, ROBOT, SysidCfg())
+    hidden = rms_per_joint(w, Candidates.of(hidden_arm(truth_file), SysidCfg().substeps), ROBOT, servo)
+    before = rms_per_joint(w, nominal(len(ARM)), ROBOT, servo)
+    excited = [ARM.index(j) for j in EXCITED]
+    assert (hidden[excited] < 0.25 * before[excited]).all(), (hidden, before)
+
+
+def test_sysid_recovers_an_emulated_arm_it_was_not_told_about():
+    """The fit, with its defaults, on the recorded excitation of `--perturb 6` (2 ticks of
+    latency, 1.27 deg of pan backlash), compared with what the emulator hid. Fitted on a
+    recording rather than live: the fit is seeded, so this checks the fit, not the timing
+    noise of one real-time run (the bus test above checks the recording). Tolerances, and why
+    (docs/sysid.md has the full-plan table):
     - loop gain within 15 %: the chirps' phase and the steps' rise time pin it;
     - friction within 40 %: it shows only in the small-signal part of the motion, where one
-      encoder tick (1.5 mrad) is a large share of the error;
+      encoder tick (1.5 mrad) is a large share of the error, and it trades against the gain
+      along a valley (pan: gain x0.87 with friction x0.42 replays within 1 mrad of the truth);
     - the gravity torque on the shoulder lift at home within 10 %: its load is every link's
       beyond it, and with only the pan and the lift excited, how it splits between those
       links is not identified (the full plan's elbow and wrist segments pin it, docs/sysid.md);
@@ -102,37 +151,29 @@ def test_sysid_recovers_an_emulated_arm_it_was_not_told_about(tmp_path):
     - backlash within 0.5 deg where the load reverses or is absent (pan); within the
       search range elsewhere: a gearbox pushed always to one side by gravity hides its play;
     - latency: the control tick the emulator delays goals by;
-    - the excited joints' RMS below half the nominal model's (typically a tenth: 2.8 against
-      20-30 mrad; one run of five here came above a quarter, on real-time timing noise)."""
-    import json
-
-    from soarm import REPO_ROOT
-    from soarm.robot.emulator_process import EmulatorProcess
-    from soarm.robot.excite import ExcitationCfg, excite_arm
-    from soarm.robot.sysid import fit, nominal, rms_per_joint
+    - the excited joints' RMS below half the nominal model's and within 10 % of what the
+      hidden values themselves replay at (the fit reached the floor the log allows)."""
+    from soarm.robot.sysid import Candidates, fit, nominal, rms_per_joint
     from soarm.servo import ServoConfig
 
-    truth_file = tmp_path / "truth.json"
-    cfg = ExcitationCfg(chirp_s=5.0, dwell_s=0.6)
-    with EmulatorProcess(tmp_path / "cal.json", seed=6, args=("--perturb", "6", "--reveal", str(truth_file))) as emu:
-        report = excite_arm(emu.port, emu.calibration, REPO_ROOT / "data" / "policies" / "reach.onnx", cfg,
-                            ["shoulder_pan", "shoulder_lift"], tmp_path / "logs", out=lambda line: None)
-    assert not report.fault and len(report.done) == 4
-    truth = json.loads(truth_file.read_text())
+    truth = hidden_arm(RECORDED / "truth.json")
     servo = config.load(ServoConfig, CONFIG_DIR / "servo" / "sts3215_7v4.yaml")
-    w = load_windows(report.logs, ROBOT, SysidCfg())
+    w = load_windows(sorted(RECORDED.glob("*.mcap")), ROBOT, SysidCfg())
     best = fit(w, ROBOT, servo, SysidCfg(), out=lambda line: None)
     got = {k: v[0].tolist() for k, v in best.values().items()}
     pan, lift = ARM.index("shoulder_pan"), ARM.index("shoulder_lift")
     for j in (pan, lift):
-        assert got["gain_scale"][j] == pytest.approx(truth["gain_scale"][j], rel=0.15), (ARM[j], got, truth)
-        assert got["friction_scale"][j] == pytest.approx(truth["friction_scale"][j], rel=0.4), (ARM[j], got, truth)
-    assert gravity_on(lift, got["mass_scale"]) == pytest.approx(gravity_on(lift, truth["mass_scale"]), rel=0.1), \
+        assert got["gain_scale"][j] == pytest.approx(truth.gain_scale[j], rel=0.15), (ARM[j], got, truth)
+        assert got["friction_scale"][j] == pytest.approx(truth.friction_scale[j], rel=0.4), (ARM[j], got, truth)
+    assert gravity_on(lift, got["mass_scale"]) == pytest.approx(gravity_on(lift, truth.mass_scale), rel=0.1), \
         (got, truth)
-    assert got["backlash_deg"][pan] == pytest.approx(math.degrees(truth["backlash"][pan]), abs=0.5), (got, truth)
-    assert round(float(best.latency[0]) / SysidCfg().substeps) == round(truth["latency_s"] * 30)
-    fitted, before = rms_per_joint(w, best, ROBOT, servo), rms_per_joint(w, nominal(len(ARM)), ROBOT, servo)
-    assert (fitted[[pan, lift]] < 0.5 * before[[pan, lift]]).all(), (fitted, before)   # the fit explains the motion
+    assert got["backlash_deg"][pan] == pytest.approx(truth.backlash_deg[pan], abs=0.5), (got, truth)
+    assert round(float(best.latency[0]) / SysidCfg().substeps) == truth.latency_ticks
+    excited = [pan, lift]
+    fitted = rms_per_joint(w, best, ROBOT, servo)[excited]
+    before = rms_per_joint(w, nominal(len(ARM)), ROBOT, servo)[excited]
+    floor = rms_per_joint(w, Candidates.of(truth, SysidCfg().substeps), ROBOT, servo)[excited]
+    assert (fitted < 0.5 * before).all() and (fitted < 1.1 * floor).all(), (fitted, before, floor)
 
 
 def test_an_identified_arm_file_is_checked_and_centres_the_training_env(tmp_path, task_cfg):
