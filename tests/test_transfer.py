@@ -63,14 +63,40 @@ def test_rows_are_judged_against_their_bounds():
 
 
 def test_mujoco_actuator_scale_scales_stiffness_and_damping():
+    """x4: kp x4 and damping x2, the added half as the actuator's kv (inside its force limit);
+    x0.25: kp x0.25, the joint's damping halved."""
     pytest.importorskip("mujoco")
     from soarm.mujoco_arm import load_model
 
-    base, stiff = load_model(), load_model(actuator_scale=4.0)
+    base, stiff, soft = load_model(), load_model(actuator_scale=4.0), load_model(actuator_scale=0.25)
     assert np.allclose(stiff.actuator_gainprm[:, 0], 4 * base.actuator_gainprm[:, 0])
     assert np.allclose(stiff.actuator_biasprm[:, 1], 4 * base.actuator_biasprm[:, 1])
-    assert np.allclose(stiff.dof_damping, 2 * base.dof_damping)
+    assert np.allclose(stiff.dof_damping, base.dof_damping)
+    assert np.allclose(-stiff.actuator_biasprm[:, 2], base.dof_damping[:6]) and (base.actuator_biasprm[:, 2] == 0).all()
+    assert np.allclose(soft.dof_damping, base.dof_damping / 2) and (soft.actuator_biasprm[:, 2] == 0).all()
     assert base.actuator_gainprm[0, 0] == pytest.approx(17.8)               # as published
+
+
+def test_a_stiffer_mujoco_servo_is_as_fast_as_the_published_one(robot, dyn64):
+    """Its damping is its drive's: at the force limit the x50 arm's pan turns as fast as the
+    published arm's (joint damping outside the limit would cap it at 0.79 rad/s)."""
+    pytest.importorskip("mujoco")
+    from soarm.mujoco_arm import MujocoArm
+
+    peak = {}
+    for scale in (1.0, 50.0):
+        arm = MujocoArm(robot, 1, actuator_scale=scale)
+        q = full_pose(dyn64, torch.as_tensor(robot.home, dtype=torch.float64)[None]).numpy()
+        arm.reset(q)
+        goal = q.copy()
+        goal[0, 0] += 1.5
+        speeds = []
+        for _ in range(15):                                   # 0.5 s
+            before = arm.q[0, 0]
+            arm.step(goal, 1 / 30)
+            speeds.append((arm.q[0, 0] - before) * 30)
+        peak[scale] = max(speeds)
+    assert peak[50.0] > 2.0 and peak[50.0] > 0.6 * peak[1.0], peak
 
 
 def test_payload_adds_its_mass_at_the_fingertip(robot):
@@ -141,8 +167,8 @@ def test_pd_drive_follows_mujocos_position_actuator(robot, scale):
     servo = config.load(ServoConfig, CONFIG_DIR / "servo" / "sts3215_7v4.yaml")
     sim = ArmSim(robot, servo.params, servo.registers, 1, 0.0056, dtype=torch.float64, pd_drives=True)
     ph = sim.physics
-    ph.pd[:], ph.pd_kp[:], ph.pd_kv[:] = True, 17.8 * scale, 0.0
-    ph.pd_damping[:], ph.pd_force[:], ph.coulomb[:] = 0.60 * math.sqrt(scale), 3.35, 0.052
+    ph.pd[:], ph.pd_kp[:], ph.pd_kv[:] = True, 17.8 * scale, 0.60 * (math.sqrt(scale) - 1)
+    ph.pd_damping[:], ph.pd_force[:], ph.coulomb[:] = 0.60, 3.35, 0.052
     mj = MujocoArm(robot, 1, actuator_scale=scale)
     home = full_pose(sim.dyn, torch.as_tensor(robot.home, dtype=torch.float64)[None])
     mj.reset(home.numpy())
