@@ -25,6 +25,11 @@ ACTION_TYPE = "relative_joint_position"
 # calibrated range (LeRobot's degrees convention; the published so101_new_calib model's zero).
 # calibration/calibration.py implements it on the arm.
 JOINT_ZERO = "middle_of_calibrated_range"
+# What `observe` and the exporter implement, word for word: a file that says anything else was
+# built by code that computes its observation or normalization otherwise.
+VELOCITY_ESTIMATE = ("(q_t - q_{t-1}) * control_hz from consecutive encoder readings, rad/s; "
+                     "zero on the first tick")
+NORMALIZATION = "in graph: (obs - mean) / (sqrt(var) + eps)"
 
 
 class ContractError(ValueError):
@@ -62,12 +67,11 @@ def build(task: ReachCfg, robot: RobotDescription, training: dict) -> dict:
                       "height": list(task.command.height), "max_bearing": task.command.max_bearing},
         "encoder": {"ticks_per_rev": TICKS_PER_REV, "rad_per_tick": TICK, "joint_zero": JOINT_ZERO},
         "robot_description": {"geometry_hash": robot.geometry_hash()},
-        "velocity_estimate": "(q_t - q_{t-1}) * control_hz from consecutive encoder readings, rad/s; "
-                             "zero on the first tick",
+        "velocity_estimate": VELOCITY_ESTIMATE,
         "latency": {"ticks": list(task.randomization.latency_ticks),
                     "note": "trained with each goal reaching the servos this many control ticks late, "
                             "drawn uniformly per episode"},
-        "normalization": "in graph: (obs - mean) / (sqrt(var) + eps)",
+        "normalization": NORMALIZATION,
         "training": training,
     }
 
@@ -123,6 +127,11 @@ def check(contract: dict, robot: RobotDescription, where: str) -> dict:
     need(_close([enc.get("rad_per_tick")], [TICK], 1e-12),
          f"encoder rad_per_tick {enc.get('rad_per_tick')!r}, expected {TICK}")
     need(enc.get("joint_zero") == JOINT_ZERO, f"encoder joint_zero {enc.get('joint_zero')!r}, expected {JOINT_ZERO!r}")
+    for key, ours in (("velocity_estimate", VELOCITY_ESTIMATE), ("normalization", NORMALIZATION)):
+        need(contract.get(key) == ours, f"{key} {contract.get(key)!r}, this runtime implements {ours!r}")
+    ticks = contract.get("latency", {}).get("ticks") if isinstance(contract.get("latency"), dict) else None
+    need(isinstance(ticks, list) and len(ticks) == 2 and all(isinstance(k, int) and k >= 0 for k in ticks)
+         and ticks[0] <= ticks[1], f"latency.ticks {ticks!r}: [low, high] control ticks")
     geometry = contract.get("robot_description", {}).get("geometry_hash")
     need(geometry == robot.geometry_hash(),
          f"robot_description geometry_hash {geometry!r}: the policy was trained on another arm description "

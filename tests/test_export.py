@@ -121,11 +121,15 @@ def _bad_files(root, tmp):
     _with_contract(good, tmp / "zero.onnx", lambda c: c["encoder"].update(joint_zero="homing_pose"))
     _with_contract(good, tmp / "urdf.onnx", lambda c: c["robot_description"].update(geometry_hash="0" * 16))
     _with_contract(good, tmp / "lead.onnx", lambda c: c["action"].update(max_relative_target=-0.3))
+    _with_contract(good, tmp / "vel.onnx", lambda c: c.update(velocity_estimate="filtered, 5 Hz"))
+    _with_contract(good, tmp / "norm.onnx", lambda c: c.update(normalization="none"))
+    _with_contract(good, tmp / "latency.onnx", lambda c: c["latency"].update(ticks=[2, 0]))
     return {"missing.onnx": "no such policy file", "truncated.onnx": "not a valid ONNX model",
             "text.onnx": "not a valid ONNX model", "plain.onnx": "soarm export", "schema9.onnx": "schema 9",
             "obs.onnx": "observation terms", "joints.onnx": "joints", "home.onnx": "default_joint_positions",
             "hold.onnx": "gripper", "zero.onnx": "joint_zero", "urdf.onnx": "geometry_hash",
-            "lead.onnx": "max_relative_target"}
+            "lead.onnx": "max_relative_target", "vel.onnx": "velocity_estimate", "norm.onnx": "normalization",
+            "latency.onnx": "latency.ticks"}
 
 
 def test_bad_files_are_refused_with_one_line(exported, tmp_path):
