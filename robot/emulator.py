@@ -24,8 +24,8 @@ servos, and `unplug()`.
 
 The parts: robot/sts_protocol.py (instructions, framing, a servo's memory), robot/pty_link.py
 (the line), robot/plant.py (the physics process), this module (the servos on the bus: what
-each packet does, faults), robot/emulator_process.py (`soarm emulate` as a process, for
-tests) and robot/emulated_operator.py (a person at the arm for `soarm calibrate`).
+each packet does, faults), robot/emulate.py (`soarm emulate`: serving it until stopped),
+robot/emulator_process.py (`soarm emulate` as a process, for tests) and robot/emulated_operator.py (a person at the arm for `soarm calibrate`).
 """
 
 from __future__ import annotations

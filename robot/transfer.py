@@ -290,6 +290,26 @@ def run_suite(policy: str | Path, plants: list[str], targets: int = 200, windows
             "seconds": time.time() - t0}
 
 
+def transfer(policy: str | Path, plants: str | None, targets: int, seed: int, out: Path,
+             say: Callable[[str], None] = print) -> dict:
+    """`soarm transfer`: the suite on `plants` ('a,b'; None: all), its table, a JSON report at
+    `out` and a box plot beside it (.png)."""
+    import json
+
+    from soarm.files import atomic_write
+
+    names = parse_plants(plants)
+    say(f"transfer: {policy} on {len(names)} plants, {targets} targets each (seed {seed})")
+    result = run_suite(policy, names, targets=targets, seed=seed)
+    say(table(result))
+    out = Path(out)
+    atomic_write(out, lambda tmp: tmp.write_text(json.dumps(result, indent=1) + "\n"))
+    png = out.with_suffix(".png")
+    plot(result, png)
+    say(f"{summary(result)}; {result['seconds']:.0f} s; report {out}, plot {png}")
+    return result
+
+
 def judge(rows: dict[str, dict]) -> None:
     """Each row's ratio to the nominal plant, the ratio it is judged on, its bound and
     whether it holds (added to the rows)."""

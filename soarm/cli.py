@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -87,13 +86,11 @@ def _export(args) -> int:
 
 
 def _emulate(args) -> int:
-    import dataclasses
-    import json
     import signal
     import threading
 
-    from soarm.files import atomic_write
-    from soarm.robot.emulator import FaultCfg, ServoBusEmulator
+    from soarm.robot.emulate import EmulateCfg, serve
+    from soarm.robot.emulator import FaultCfg
 
     stop = threading.Event()
     # SIGTERM (service managers, ROS launch) ends the emulator as Ctrl-C does; SIGUSR1 pulls
@@ -102,76 +99,11 @@ def _emulate(args) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     faults = FaultCfg(drop=args.drop, late=args.late, corrupt=args.corrupt, error_bits=args.error_bits,
                       silent_ids=tuple(args.silent), seed=args.seed)
-    if args.calibrate and args.calibrate.exists():
-        raise ConfigError(f"{args.calibrate} exists; --calibrate writes a new file and never overwrites one "
-                          "(to run the emulated arm on an existing calibration: --calibration FILE)")
-    perturbation = None
-    if args.perturb is not None:
-        from soarm.description import load_robot
-        from soarm.robot.plant import Perturbation
-
-        if args.plant != "armsim":
-            raise ConfigError(f"--perturb: the perturbed plant is armsim, not {args.plant}")
-        perturbation = Perturbation.draw(args.perturb, len(load_robot().names))
-        if args.reveal:
-            atomic_write(args.reveal, lambda tmp: tmp.write_text(json.dumps(dataclasses.asdict(perturbation))))
-    elif args.reveal:
-        raise ConfigError("--reveal: only with --perturb SEED")
-    cal = None
-    if args.calibration:
-        from soarm.calibration import calibration
-        from soarm.description import load_robot
-
-        cal = calibration.load(args.calibration, load_robot().names)
-    with ServoBusEmulator(faults=faults, seed=args.seed, compile=not args.no_compile, plant=args.plant,
-                          perturbation=perturbation) as emu:
-        signal.signal(signal.SIGUSR1, lambda *_: emu.unplug())
-        if cal is not None:
-            emu.assemble_as(cal)
-            print(f"emulated arm assembled as {args.calibration} describes (the file is only read)", flush=True)
-        if args.calibrate:
-            _self_calibrate(emu, args.calibrate)
-        operator = None
-        if args.operator:           # someone at the arm for `soarm calibrate`
-            from soarm.robot.emulated_operator import Operator
-
-            operator = Operator(emu, seed=args.seed).start()
-        port = emu.port
-        if args.link:
-            atomic_write(args.link, lambda tmp: tmp.symlink_to(emu.port))
-            port = f"{args.link} -> {emu.port}"
-        if args.ready_file:          # the machine-readable handshake (EmulatorProcess reads it)
-            atomic_write(args.ready_file, lambda tmp: tmp.write_text(json.dumps({"port": emu.port, "pid": os.getpid()})))
-        physics = args.plant + (f", perturbed (seed {args.perturb}, hidden)" if perturbation else "")
-        print(f"SO-101 servo bus (ids 1-6, STS3215, 1 Mbaud, {physics} physics) on {port}; Ctrl-C to stop",
-              flush=True)
-        try:
-            while not stop.wait(5):
-                if not args.quiet:
-                    print(f"  {emu.counters}, physics {emu.plant.state().lag_s:.1f} s behind real time", flush=True)
-            print(f"stopped; {emu.counters}, physics {emu.plant.state().lag_s:.2f} s behind real time", flush=True)
-        finally:
-            if operator is not None:
-                operator.stop()
-            if args.link:
-                args.link.unlink(missing_ok=True)
+    cfg = EmulateCfg(seed=args.seed, faults=faults, plant=args.plant, compile=not args.no_compile,
+                     calibrate=args.calibrate, calibration=args.calibration, perturb=args.perturb, reveal=args.reveal,
+                     operator=args.operator, link=args.link, ready_file=args.ready_file, quiet=args.quiet)
+    serve(cfg, stop, started=lambda emu: signal.signal(signal.SIGUSR1, lambda *_: emu.unplug()))
     return 0
-
-
-def _self_calibrate(emu, out: Path) -> None:
-    """The LeRobot procedure run against the emulated arm (operator's moves scripted), so
-    its servos hold homing offsets and limits and `out` is their calibration file."""
-    from soarm.calibration import calibration
-    from soarm.robot.bus import FeetechBus
-
-    bus = FeetechBus(emu.port, {n: i + 1 for i, n in enumerate(emu.robot.names)})
-    bus.connect()
-    try:
-        cal = calibration.calibrate_emulated(emu, bus, emu.robot)
-    finally:
-        bus.close()
-    calibration.save(cal, out)
-    print(f"calibrated the emulated arm: {out}", flush=True)
 
 
 def _calibrate(args) -> int:
@@ -185,20 +117,9 @@ def _calibrate(args) -> int:
 
 
 def _transfer(args) -> int:
-    import json
+    from soarm.robot.transfer import transfer
 
-    from soarm.files import atomic_write
-    from soarm.robot.transfer import parse_plants, plot, run_suite, summary, table
-
-    plants = parse_plants(args.plants)
-    print(f"transfer: {args.policy} on {len(plants)} plants, {args.targets} targets each (seed {args.seed})")
-    result = run_suite(args.policy, plants, targets=args.targets, seed=args.seed)
-    print(table(result))
-    out = Path(args.out)
-    atomic_write(out, lambda tmp: tmp.write_text(json.dumps(result, indent=1) + "\n"))
-    png = out.with_suffix(".png")
-    plot(result, png)
-    print(f"{summary(result)}; {result['seconds']:.0f} s; report {out}, plot {png}")
+    transfer(args.policy, args.plants, args.targets, args.seed, args.out)
     return 0
 
 
@@ -222,54 +143,14 @@ def _replay(args) -> int:
 def _servo_fit(args) -> int:
     from soarm.training import servo_id
 
-    logs = [servo_id.load_bench_log(p) for p in args.logs]
-    motor = servo_id.check_same_motor(logs)
-    sheet = servo_id.load_datasheet(motor)
-    fits = {}
-    for model in (servo_id.OURS, servo_id.BASELINE):
-        t0 = time.time()
-        fits[model.name] = servo_id.fit(
-            model, logs, sheet, iterations=args.iterations, population=args.population, seed=args.seed,
-            progress=lambda i, c, m=model: print(f"  {m.name}: iteration {i + 1}/{args.iterations}, "
-                                                 f"mean RMS {c * 1000:.2f} mrad", flush=True))
-        print(f"fitted {model.name} in {time.time() - t0:.0f} s")
-    servo_id.save_fit(fits, [str(Path(p).name) for p in args.logs], args.out, motor, sheet)
-    print(f"wrote {args.out}")
-    print("in sample (fitted on every log):")
-    rc = _report(logs, fits, args.plot)
-    if len(logs) > 1:
-        print("held out (fitted on one log, scored on another):")
-        rows = servo_id.cross_validate(logs, sheet, args.iterations, args.population, args.seed,
-                                       progress=lambda i: print(f"  fold {i + 1}/{len(logs)} fitted", flush=True))
-        print(f"{'held out':55s} {'servo model':>12s} {'fitted PD':>12s}  (RMS, mrad; fitted on the other log)")
-        for r in rows:
-            print(f"{r['held_out']:55s} {r['sts_servo'] * 1000:12.2f} {r['implicit_pd'] * 1000:12.2f}")
-    return rc
+    return servo_id.servo_fit(args.logs, args.out, args.plot, iterations=args.iterations,
+                              population=args.population, seed=args.seed)
 
 
 def _servo_check(args) -> int:
     from soarm.training import servo_id
 
-    fits, motor = servo_id.load_fit(args.fit)
-    logs = [servo_id.load_bench_log(p) for p in args.logs]
-    servo_id.check_same_motor(logs, motor)
-    return _report(logs, fits, args.plot)
-
-
-def _report(logs, fits, plot) -> int:
-    from soarm.training import servo_id
-
-    rows = servo_id.compare(logs, fits)
-    print(f"{'log':55s} {'servo model':>12s} {'fitted PD':>12s}  (RMS position error, mrad)")
-    for r in rows:
-        mark = "better" if r["servo_model"] < r["pd_baseline"] else "WORSE"
-        print(f"{r['log']:55s} {r['servo_model'] * 1000:12.2f} {r['pd_baseline'] * 1000:12.2f}  {mark}")
-    if plot:
-        servo_id.plot(logs, fits, plot)
-        print(f"plot: {plot}")
-    worse = [r["log"] for r in rows if r["servo_model"] >= r["pd_baseline"]]
-    print(f"servo model beats the fitted PD on {len(rows) - len(worse)}/{len(rows)} logs")
-    return 1 if worse else 0
+    return servo_id.servo_check(args.logs, args.fit, args.plot)
 
 
 def _run(args) -> int:
@@ -331,8 +212,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="simulator: the embedded one (default) or Isaac Lab 3 + Newton (its own venv)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--name", default=None)
-    p.add_argument("--plant", choices=("armsim", "mujoco"), default="armsim",
-                   help="the arm's physics: our training plant, or the published MJCF in MuJoCo (independent)")
     p.add_argument("--no-compile", action="store_true", help="run eagerly (no torch.compile)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. ppo.epochs=4")

@@ -22,6 +22,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -325,3 +326,62 @@ def plot(logs: list[BenchLog], fits: dict[str, dict[str, float]], path: str | Pa
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------- the two commands
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def servo_fit(paths: list[Path], out: Path, plot_path: Path | None, iterations: int, population: int, seed: int,
+              say: Callable[[str], None] = _say) -> int:
+    """`soarm servo-fit`: both models fitted on every log and saved; their RMS in sample and,
+    with more than one log, held out. 0 when ours beats the PD on every log."""
+    import time
+
+    logs = [load_bench_log(p) for p in paths]
+    motor = check_same_motor(logs)
+    sheet = load_datasheet(motor)
+    fits = {}
+    for model in (OURS, BASELINE):
+        t0 = time.time()
+        fits[model.name] = fit(model, logs, sheet, iterations=iterations, population=population, seed=seed,
+                               progress=lambda i, c, m=model: say(f"  {m.name}: iteration {i + 1}/{iterations}, "
+                                                                  f"mean RMS {c * 1000:.2f} mrad"))
+        say(f"fitted {model.name} in {time.time() - t0:.0f} s")
+    save_fit(fits, [str(Path(p).name) for p in paths], out, motor, sheet)
+    say(f"wrote {out}")
+    say("in sample (fitted on every log):")
+    rc = report(logs, fits, plot_path, say)
+    if len(logs) > 1:
+        say("held out (fitted on one log, scored on another):")
+        rows = cross_validate(logs, sheet, iterations, population, seed,
+                              progress=lambda i: say(f"  fold {i + 1}/{len(logs)} fitted"))
+        say(f"{'held out':55s} {'servo model':>12s} {'fitted PD':>12s}  (RMS, mrad; fitted on the other log)")
+        for r in rows:
+            say(f"{r['held_out']:55s} {r['sts_servo'] * 1000:12.2f} {r['implicit_pd'] * 1000:12.2f}")
+    return rc
+
+
+def servo_check(paths: list[Path], fit_path: Path, plot_path: Path | None, say: Callable[[str], None] = _say) -> int:
+    """`soarm servo-check`: both fitted models' RMS on (new) logs of the fitted motor."""
+    fits, motor = load_fit(fit_path)
+    logs = [load_bench_log(p) for p in paths]
+    check_same_motor(logs, motor)
+    return report(logs, fits, plot_path, say)
+
+
+def report(logs: list[BenchLog], fits: dict[str, dict[str, float]], plot_path: Path | None,
+           say: Callable[[str], None] = _say) -> int:
+    """Each log's RMS under both models (and a plot); 0 when ours is better on every log."""
+    rows = compare(logs, fits)
+    say(f"{'log':55s} {'servo model':>12s} {'fitted PD':>12s}  (RMS position error, mrad)")
+    for r in rows:
+        mark = "better" if r["servo_model"] < r["pd_baseline"] else "WORSE"
+        say(f"{r['log']:55s} {r['servo_model'] * 1000:12.2f} {r['pd_baseline'] * 1000:12.2f}  {mark}")
+    if plot_path:
+        plot(logs, fits, plot_path)
+        say(f"plot: {plot_path}")
+    worse = [r["log"] for r in rows if r["servo_model"] >= r["pd_baseline"]]
+    say(f"servo model beats the fitted PD on {len(rows) - len(worse)}/{len(rows)} logs")
+    return 1 if worse else 0
