@@ -49,6 +49,9 @@ class SysidCfg:
     iterations: int = 12
     polish_steps: int = 8              # pattern-search steps after the sampled search
     max_latency_ticks: int = 3         # the latency scan's range, control ticks
+    # torch.compile the replay's physics once for every batch size: ~1 min to compile, then
+    # each replay ~3x faster (a fit replays ~25 times; docs/sysid.md). Off for tiny fits.
+    compile: bool = True
     # Search bounds (multipliers are searched in log space): wider than the spread users
     # report (gain x0.7-1.3, friction x0.5-2, mass +-20 %, backlash up to ~1.5 deg).
     gain_scale: tuple[float, float] = (0.3, 3.0)
@@ -221,7 +224,8 @@ def _pack(pieces: list[dict]) -> Windows:
 
 
 # ---------------------------------------------------------------- replay
-def replay(w: Windows, cand: Candidates, robot: RobotDescription, servo: ServoConfig) -> torch.Tensor:
+def replay(w: Windows, cand: Candidates, robot: RobotDescription, servo: ServoConfig,
+           compile: bool = False) -> torch.Tensor:
     """Each candidate on each window from both ends of the gear play: its encoder readings at
     the logged times [B, 2, S, K, A] (side 0: play taken up negative, 1: positive).
 
@@ -232,6 +236,8 @@ def replay(w: Windows, cand: Candidates, robot: RobotDescription, servo: ServoCo
     G = w.goals.shape[1]
     N, arm = B * 2 * S, robot.arm_index
     sim = ArmSim(robot, servo.params, servo.registers, N, w.dt, backlash=1e-9)   # gear play on
+    if compile:
+        sim.compile(dynamic=True)
     v = {k: x.repeat_interleave(2 * S, dim=0) for k, x in cand.values().items()}   # env = (b * 2 + side) * S + s
     ph = sim.physics
     ph.gain_scale[:, arm] = v["gain_scale"]
@@ -296,14 +302,15 @@ def fit(w: Windows, robot: RobotDescription, servo: ServoConfig, cfg: SysidCfg,
         theta = mean + std * torch.randn(cfg.population, A, 4, generator=gen)
         theta[0] = mean
         theta = torch.maximum(torch.minimum(theta, hi), lo)
-        err = joint_sq_error(w, replay(w, Candidates(theta, latency.expand(cfg.population)), robot, servo))
+        err = joint_sq_error(w, replay(w, Candidates(theta, latency.expand(cfg.population)), robot, servo,
+                                       cfg.compile))
         elite = torch.topk(_score(err), cfg.elites, dim=0, largest=False).indices   # [elites, A, 4]
         picked = torch.gather(theta, 0, elite)
         mean, std = picked.mean(0), picked.std(0) + 0.01 * (hi - lo)
         out(f"sysid {label}: step {it + 1}/{cfg.iterations}, RMS per joint "
             f"{_mrad(err.amin(dim=0))} mrad (best of the step)")
     latency = scan_latency(w, mean, robot, servo, cfg)
-    mean = polish(w, mean, latency, std, lo, hi, robot, servo, cfg.polish_steps, out, label)
+    mean = polish(w, mean, latency, std, lo, hi, robot, servo, cfg, out, label)
     return Candidates(mean[None], scan_latency(w, mean, robot, servo, cfg))
 
 
@@ -319,7 +326,7 @@ def _mrad(sq: torch.Tensor) -> str:
 
 
 def polish(w: Windows, mean: torch.Tensor, latency: torch.Tensor, step: torch.Tensor, lo: torch.Tensor,
-           hi: torch.Tensor, robot: RobotDescription, servo: ServoConfig, steps: int,
+           hi: torch.Tensor, robot: RobotDescription, servo: ServoConfig, cfg: SysidCfg,
            out: Callable[[str], None], label: str) -> torch.Tensor:
     """A pattern search from the cross-entropy mean: each parameter of every joint moved one
     step up and down at once (9 candidates); each (joint, parameter) keeps the best of its
@@ -327,13 +334,14 @@ def polish(w: Windows, mean: torch.Tensor, latency: torch.Tensor, step: torch.Te
     friction) that the sampled search leaves short of their floor are followed down."""
     A = mean.shape[0]
     step = step.clone()
+    steps = cfg.polish_steps
     for k in range(steps):
         theta = mean.expand(9, A, 4).clone()
         for p in range(4):
             theta[1 + 2 * p, :, p] += step[:, p]
             theta[2 + 2 * p, :, p] -= step[:, p]
         theta = torch.maximum(torch.minimum(theta, hi), lo)
-        err = joint_sq_error(w, replay(w, Candidates(theta, latency.expand(9)), robot, servo))
+        err = joint_sq_error(w, replay(w, Candidates(theta, latency.expand(9)), robot, servo, cfg.compile))
         score = _score(err)                                                    # [9, A, 4]
         for p in range(4):
             options = score[[0, 1 + 2 * p, 2 + 2 * p], :, p]                   # [3, A]: stay, up, down
@@ -350,13 +358,15 @@ def scan_latency(w: Windows, theta: torch.Tensor, robot: RobotDescription, servo
     """The latency (physics steps, [1]) that fits the arm `theta` [A, 4] best, in whole control
     ticks as training draws it: a finer grid trades a few ms of latency against loop gain."""
     steps = torch.arange(0, cfg.max_latency_ticks + 1) * cfg.substeps
-    err = joint_sq_error(w, replay(w, Candidates(theta.expand(len(steps), *theta.shape), steps), robot, servo))
+    err = joint_sq_error(w, replay(w, Candidates(theta.expand(len(steps), *theta.shape), steps), robot, servo,
+                                   cfg.compile))
     return steps[err.sum(dim=1).argmin()][None]
 
 
-def rms_per_joint(w: Windows, cand: Candidates, robot: RobotDescription, servo: ServoConfig) -> torch.Tensor:
+def rms_per_joint(w: Windows, cand: Candidates, robot: RobotDescription, servo: ServoConfig,
+                  compile: bool = False) -> torch.Tensor:
     """[A] mrad of one candidate over windows `w`."""
-    return 1000 * joint_sq_error(w, replay(w, cand, robot, servo))[0].sqrt()
+    return 1000 * joint_sq_error(w, replay(w, cand, robot, servo, compile))[0].sqrt()
 
 
 def nominal(A: int) -> Candidates:
@@ -383,10 +393,10 @@ def identify(paths: list[Path], robot: RobotDescription, servo: ServoConfig, ser
         for pose, idx in by_pose.items():
             scored = w.take([i for i in range(len(w.pose)) if i not in idx])
             fold = fit(w.take(idx), robot, servo, cfg, out, f"{pose} windows only")
-            sq += joint_sq_error(scored, replay(scored, fold, robot, servo))[0] * scored.valid.sum()
+            sq += joint_sq_error(scored, replay(scored, fold, robot, servo, cfg.compile))[0] * scored.valid.sum()
         held = 1000 * (sq / w.valid.sum()).sqrt()
     both = Candidates(torch.cat([nominal(A).theta, best.theta]), torch.cat([nominal(A).latency, best.latency]))
-    readings = replay(w, both, robot, servo)                           # [2: nominal, fit; 2 sides, S, K, A]
+    readings = replay(w, both, robot, servo, cfg.compile)              # [2: nominal, fit; 2 sides, S, K, A]
     rms_nom, rms_fit = 1000 * joint_sq_error(w, readings).sqrt()
     values = {k: v[0] for k, v in best.values().items()}
     identified = IdentifiedArm(

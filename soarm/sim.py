@@ -120,10 +120,12 @@ class ArmSim:
         for _ in range(substeps):
             self._substep_fn()
 
-    def compile(self) -> bool:
-        """Fuse the physics substep with torch.compile; False (eager kept) where unavailable."""
+    def compile(self, dynamic: bool = False) -> bool:
+        """Fuse the physics substep with torch.compile; False (eager kept) where unavailable.
+        dynamic: one compiled step for any number of environments (later sims of another
+        size reuse it), instead of one specialised to this size."""
         try:
-            fn = torch.compile(self._substep, dynamic=False)
+            fn = torch.compile(self._substep, dynamic=dynamic)
             state = (self.q, self.qd, self.slack, self.motor_vel, dict(vars(self.firmware)))
             with torch.no_grad():   # compile now, as it will run (grad mode is guarded), so failures surface here
                 fn()

@@ -89,5 +89,10 @@ def test_excitation_runs_through_the_driver_into_an_encoder_log(tmp_path):
     goal = np.array([t["goal_sent"] for t in moving])
     elbow = ARM.index("elbow_flex")
     assert np.ptp(goal[:, elbow]) > 2 * cfg.min_amplitude
-    assert np.sqrt(((q - goal)[:, elbow] ** 2).mean()) < 0.1          # the servo followed its goals
+    # The servo followed its goals: a reading lags its goal by the bus, the latency and the
+    # servo's rise time (longer when the emulator's physics runs late on a busy machine), so
+    # the goals are compared at the lag that fits best, up to 8 ticks.
+    q, goal = q[:, elbow], goal[:, elbow]
+    error = min(np.sqrt(((q[lag:] - goal[:len(goal) - lag]) ** 2).mean()) for lag in range(9))
+    assert error < 0.2 * np.std(goal), (error, np.std(goal))
     assert any(t.get("status") for t in ticks)                         # load, voltage, temperature recorded

@@ -170,9 +170,8 @@ def test_sysid_recovers_an_emulated_arm_it_was_not_told_about():
     assert got["backlash_deg"][pan] == pytest.approx(truth.backlash_deg[pan], abs=0.5), (got, truth)
     assert round(float(best.latency[0]) / SysidCfg().substeps) == truth.latency_ticks
     excited = [pan, lift]
-    fitted = rms_per_joint(w, best, ROBOT, servo)[excited]
-    before = rms_per_joint(w, nominal(len(ARM)), ROBOT, servo)[excited]
-    floor = rms_per_joint(w, Candidates.of(truth, SysidCfg().substeps), ROBOT, servo)[excited]
+    fitted, before, floor = (rms_per_joint(w, c, ROBOT, servo, compile=True)[excited]
+                             for c in (best, nominal(len(ARM)), Candidates.of(truth, SysidCfg().substeps)))
     assert (fitted < 0.5 * before).all() and (fitted < 1.1 * floor).all(), (fitted, before, floor)
 
 
@@ -205,7 +204,7 @@ def test_sysid_writes_an_arm_file_training_reads_a_report_and_a_plot(tmp_path):
     from soarm.robot.sysid import sysid
 
     log = write_log(tmp_path / "moving.mcap", n=150)
-    result = sysid([log], tmp_path / "out", SysidCfg(iterations=1, polish_steps=1, population=4, elites=2),
+    result = sysid([log], tmp_path / "out", SysidCfg(iterations=1, polish_steps=1, population=4, elites=2, compile=False),
                    out=lambda line: None)
     arm = load_arm(tmp_path / "out" / "arm.yaml", ROBOT, "servo/sts3215_7v4.yaml")
     assert arm.joints == ARM and arm.gain_scale == result.arm.gain_scale
