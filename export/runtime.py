@@ -71,6 +71,7 @@ class PolicyRuntime:
             raise PolicyError(f"{path}: onnxruntime cannot load it ({_first_line(e)})") from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self.obs_dim, self.action_dim = self.contract["obs_dim"], self.contract["action"]["dim"]
+        self.history = contract.history(self.contract)     # past ticks observed (PolicyStep keeps them)
         if [i.name for i in inputs] != ["obs"] or inputs[0].shape[-1] != self.obs_dim:
             raise PolicyError(f"{path}: graph input must be obs[batch, {self.obs_dim}], "
                               f"got {[(i.name, i.shape) for i in inputs]}")
@@ -103,12 +104,19 @@ class PolicyRuntime:
         return t
 
     # ------------------------------------------------------------ the contract
-    def observe(self, q, q_prev, goal, target, last_action) -> np.ndarray:
+    def observe(self, q, q_prev, goal, target, last_action, past_q=None, past_goal=None) -> np.ndarray:
         """The observation [N, obs_dim] from arm encoder readings now and one tick ago (rad,
         action order; pass q as q_prev on the first tick), the goal commanded now, the
-        target (m, base frame) and the previous action."""
+        target (m, base frame) and the previous action; for a policy with a history, the
+        readings and goals of the last `history` observations [N, history, A] (newest first)."""
         t = [torch.as_tensor(np.atleast_2d(x), dtype=torch.float32) for x in (q, q_prev, goal, target, last_action)]
-        return observe(self.dyn, *t[:3], t[3], t[4], self.control_hz).numpy()
+        n, a = t[0].shape
+        past = [torch.zeros(n, 0, a) if p is None else torch.as_tensor(np.asarray(p, dtype=np.float32)).reshape(n, -1, a)
+                for p in (past_q, past_goal)]
+        if not past[0].shape[1] == past[1].shape[1] == self.history:
+            raise PolicyError(f"{self.path}: the policy observes {self.history} past ticks, given "
+                              f"{past[0].shape[1]} readings and {past[1].shape[1]} goals")
+        return observe(self.dyn, *t[:3], t[3], t[4], self.control_hz, *past).numpy()
 
     def act(self, obs) -> np.ndarray:
         """Actions [N, action_dim] for observations [N, obs_dim] (or one [obs_dim])."""

@@ -69,6 +69,10 @@ class PolicyStep:
         self.t_last: float | None = None   # s, monotonic: the previous decision (the watchdog's clock)
         self.t_read: float | None = None   # s, monotonic: when q_prev was read (the speed check's)
         self.last_action = np.zeros(len(self.goal), dtype=np.float32)
+        # The last readings and goals observed, newest first, for a policy with a history
+        # (soarm.reach.obs_terms); the start pose fills it, as a new episode's does in training.
+        self.past_q = np.repeat(self.goal[None], runtime.history, axis=0)
+        self.past_goal = self.past_q.copy()
 
     def __call__(self, q: np.ndarray | None, target, fault: str | None = None, now: float | None = None) -> StepResult:
         """q: arm joint angles (rad) read this tick, or None when the read failed. target
@@ -80,7 +84,8 @@ class PolicyStep:
         goal, action = self.goal, None
         if fresh and target is not None:
             try:
-                obs = self.rt.observe(q, self.q_prev, self.goal, target, self.last_action)
+                obs = self.rt.observe(q, self.q_prev, self.goal, target, self.last_action, self.past_q[None],
+                                      self.past_goal[None])
                 action = self.rt.act(obs)[0]
                 goal = self.rt.next_goal(self.goal, action, q)[0]
             except PolicyError as e:
@@ -110,6 +115,8 @@ class PolicyStep:
         decision = self.safety.filter(goal, q, fresh, fresh_policy, self.dt, elapsed=elapsed,
                                       velocity=(q - self.q_prev) / span, hold=hold)
         if decision.goal is not None:
+            self.past_q = np.concatenate((q[None], self.past_q))[:len(self.past_q)]
+            self.past_goal = np.concatenate((self.goal[None], self.past_goal))[:len(self.past_goal)]
             self.goal = decision.goal.astype(np.float32)
             self.last_action = (action if action is not None and decision.kind == COMMAND
                                 else np.zeros_like(self.last_action))

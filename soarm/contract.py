@@ -15,7 +15,7 @@ import hashlib
 import json
 
 from soarm.description import RobotDescription
-from soarm.reach import ACTION_DIM, OBS_DIM, OBS_TERMS, ReachCfg
+from soarm.reach import ACTION_DIM, ReachCfg, obs_dim, obs_terms
 from soarm.servo import TICK, TICKS_PER_REV
 
 SCHEMA = 2
@@ -45,8 +45,8 @@ def build(task: ReachCfg, robot: RobotDescription, training: dict) -> dict:
     return {
         "schema": SCHEMA,
         "task": "reach",
-        "observation": [{"name": n, "size": k, "unit": u} for n, k, u in OBS_TERMS],
-        "obs_dim": OBS_DIM,
+        "observation": [{"name": n, "size": k, "unit": u} for n, k, u in obs_terms(task.obs_history)],
+        "obs_dim": obs_dim(task.obs_history),
         "joint_names": list(robot.arm_joints),
         "action": {
             "type": ACTION_TYPE,
@@ -87,9 +87,10 @@ def check(contract: dict, robot: RobotDescription, where: str) -> dict:
     need(contract.get("schema") == SCHEMA, f"schema {contract.get('schema')!r}, this runtime reads schema {SCHEMA}")
     need(contract.get("task") == "reach", f"task {contract.get('task')!r}, expected 'reach'")
     terms = [(t.get("name"), t.get("size")) for t in contract.get("observation", []) if isinstance(t, dict)]
-    need(terms == [(n, k) for n, k, _ in OBS_TERMS],
-         f"observation terms {terms} differ from this runtime's {[(n, k) for n, k, _ in OBS_TERMS]}")
-    need(contract.get("obs_dim") == OBS_DIM, f"obs_dim {contract.get('obs_dim')!r}, expected {OBS_DIM}")
+    ours = [(n, k) for n, k, _ in obs_terms(history(contract))]
+    need(terms == ours, f"observation terms {terms} differ from this runtime's {ours}")
+    need(contract.get("obs_dim") == sum(k for _, k in ours), f"obs_dim {contract.get('obs_dim')!r}, "
+         f"expected {sum(k for _, k in ours)}")
     action = contract.get("action", {})
     need(action.get("type") == ACTION_TYPE, f"action type {action.get('type')!r}, expected {ACTION_TYPE!r}")
     need(action.get("dim") == ACTION_DIM, f"action dim {action.get('dim')!r}, expected {ACTION_DIM}")
@@ -137,6 +138,13 @@ def check(contract: dict, robot: RobotDescription, where: str) -> dict:
          f"robot_description geometry_hash {geometry!r}: the policy was trained on another arm description "
          f"(this one: {robot.geometry_hash()})")
     return contract
+
+
+def history(contract: dict) -> int:
+    """The past control ticks a policy observes (ReachCfg.obs_history), from its terms."""
+    past = [t.get("size") for t in contract.get("observation", [])
+            if isinstance(t, dict) and t.get("name") == "past_joint_pos"]
+    return past[0] // ACTION_DIM if past and isinstance(past[0], int) else 0
 
 
 def _close(theirs, ours, tol: float = 1e-6) -> bool:

@@ -44,6 +44,18 @@ OBS_TERMS: tuple[tuple[str, int, str], ...] = (
     ("last_action", 5, "1"),
 )
 OBS_DIM = sum(n for _, n, _ in OBS_TERMS)
+
+
+def obs_terms(history: int) -> tuple[tuple[str, int, str], ...]:
+    """The observation's terms with `history` past control ticks appended (ReachCfg.obs_history):
+    the readings and the goals of ticks t-1 .. t-history, newest first, minus the home pose."""
+    if not history:
+        return OBS_TERMS
+    return OBS_TERMS + (("past_joint_pos", 5 * history, "rad"), ("past_joint_goal", 5 * history, "rad"))
+
+
+def obs_dim(history: int) -> int:
+    return sum(n for _, n, _ in obs_terms(history))
 # Each term's columns in the observation, e.g. obs[:, OBS_SLICES["joint_vel"]].
 _ENDS = [sum(k for _, k, _ in OBS_TERMS[:i + 1]) for i in range(len(OBS_TERMS))]
 OBS_SLICES: dict[str, slice] = {name: slice(end - k, end) for (name, k, _), end in zip(OBS_TERMS, _ENDS)}
@@ -144,6 +156,9 @@ class ReachCfg:
     # Relative targets otherwise wind up on a joint slower than its goals (a stalled, loaded
     # or heavily damped drive) and overshoot by the wound-up lead when it catches up. None: off.
     max_relative_target: float | None = None
+    # Past control ticks the policy observes (readings and goals, obs_terms): what a policy
+    # needs to tell a soft arm from a stiff one before it has moved. 0: the present only.
+    obs_history: int = 0
     servo: str = "servo/sts3215_7v4.yaml"       # relative to configs/
     # An identified arm (`soarm sysid`'s arm.yaml, relative to configs/ or absolute): the
     # randomization is centred on it (soarm/identified.py). None: on the nominal servo model.
@@ -161,6 +176,8 @@ class ReachCfg:
             raise ValueError("action_scale/action_clip: must be positive")
         if self.max_relative_target is not None and not self.max_relative_target > 0:
             raise ValueError("max_relative_target: must be positive (or null for none)")
+        if not 0 <= self.obs_history <= 30:
+            raise ValueError("obs_history: must be in 0..30 control ticks")
         if not self.episode_s >= self.command.resample_s:
             raise ValueError("episode_s: must hold at least one target window")
 
@@ -187,13 +204,18 @@ def full_pose(dyn: ArmDynamics, arm_q: torch.Tensor) -> torch.Tensor:
 
 
 def observe(dyn: ArmDynamics, arm_q: torch.Tensor, arm_q_prev: torch.Tensor, goal: torch.Tensor,
-            target: torch.Tensor, last_action: torch.Tensor, control_hz: float) -> torch.Tensor:
-    """The policy observation [N, OBS_DIM] from encoder readings (rad), the commanded arm
-    goal (rad), the target and the last action."""
+            target: torch.Tensor, last_action: torch.Tensor, control_hz: float,
+            past_q: torch.Tensor | None = None, past_goal: torch.Tensor | None = None) -> torch.Tensor:
+    """The policy observation [N, obs_dim] from encoder readings (rad), the commanded arm
+    goal (rad), the target and the last action; with a history, the past readings and goals
+    [N, H, A] (rad, newest first)."""
     home = torch.as_tensor(dyn.robot.home, device=arm_q.device, dtype=arm_q.dtype)
     tip = dyn.fingertip(full_pose(dyn, arm_q))
     vel = (arm_q - arm_q_prev) * control_hz
-    return torch.cat((arm_q - home, vel, goal - home, tip, target, target - tip, last_action), dim=-1)
+    terms = [arm_q - home, vel, goal - home, tip, target, target - tip, last_action]
+    if past_q is not None and past_q.shape[1]:
+        terms += [(past_q - home).flatten(1), (past_goal - home).flatten(1)]
+    return torch.cat(terms, dim=-1)
 
 
 def arm_limits(robot: RobotDescription, device, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:

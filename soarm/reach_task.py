@@ -45,15 +45,18 @@ class TaskState:
     latency: torch.Tensor          # [N] long, control ticks this env's goals reach the servos late
     last_reading: torch.Tensor     # [N, A] rad, the encoder reading the latest observation was made from
     steps: torch.Tensor            # [N] long, control steps into the episode
+    past_readings: torch.Tensor    # [N, H, A] rad, the readings of the last H observations, newest first
+    past_goals: torch.Tensor       # [N, H, A] rad, the goals commanded at those observations
 
     @classmethod
-    def zeros(cls, num_envs: int, num_actions: int, max_latency: int, device) -> TaskState:
+    def zeros(cls, num_envs: int, num_actions: int, max_latency: int, history: int, device) -> TaskState:
         f = dict(device=device, dtype=torch.float32)
         arm = lambda: torch.zeros(num_envs, num_actions, **f)           # noqa: E731
         count = lambda: torch.zeros(num_envs, dtype=torch.long, device=device)   # noqa: E731
+        past = lambda: torch.zeros(num_envs, history, num_actions, **f)  # noqa: E731
         return cls(target=torch.zeros(num_envs, 3, **f), last_action=arm(), goal=arm(),
                    goals_in_flight=torch.zeros(num_envs, max_latency + 1, num_actions, **f), latency=count(),
-                   last_reading=arm(), steps=count())
+                   last_reading=arm(), steps=count(), past_readings=past(), past_goals=past())
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -74,7 +77,7 @@ class StepOutcome:
     terminated: torch.Tensor       # the fingertip went below the floor, or the physics blew up
     truncated: torch.Tensor        # the episode's time ran out
     window_error: torch.Tensor     # m, the fingertip error where a target window ended, NaN elsewhere
-    final_obs: torch.Tensor        # [N, OBS_DIM] what each env observed as this step ended (before resets)
+    final_obs: torch.Tensor        # [N, obs_dim] what each env observed as this step ended (before resets)
     start: EpisodeStart            # the episodes that start where `done` (latencies already set)
 
     @property
@@ -99,7 +102,8 @@ class ReachTask:
         self.given_targets = None if targets is None else torch.as_tensor(targets, dtype=torch.float32,
                                                                           device=self.device)
         self.handed_out = 0                              # given targets handed out so far
-        self.state = TaskState.zeros(num_envs, ACTION_DIM, max_latency(cfg.randomization, self.centre), self.device)
+        self.state = TaskState.zeros(num_envs, ACTION_DIM, max_latency(cfg.randomization, self.centre),
+                                     cfg.obs_history, self.device)
         self.episodes = EpisodeStats(num_envs, self.device)
         self._action = self.state.last_action            # this step's action, between act and finish_step
 
@@ -150,12 +154,16 @@ class ReachTask:
     def observation(self, reading: torch.Tensor) -> torch.Tensor:
         """The policy observation [N, OBS_DIM] from this reading (rad), without moving on."""
         s = self.state
-        return observe(self.dyn, reading, s.last_reading, s.goal, s.target, s.last_action, self.cfg.control_hz)
+        return observe(self.dyn, reading, s.last_reading, s.goal, s.target, s.last_action, self.cfg.control_hz,
+                       s.past_readings, s.past_goals)
 
     def observe(self, reading: torch.Tensor) -> torch.Tensor:
-        """The observation the policy acts on next; the next velocity differences against it."""
+        """The observation the policy acts on next; the next velocity differences against it
+        and the next history starts with it."""
+        s = self.state
         obs = self.observation(reading)
-        self.state.last_reading = reading
+        s.past_readings, s.past_goals = _push(s.past_readings, reading), _push(s.past_goals, s.goal)
+        s.last_reading = reading
         return obs
 
     # ----------------------------------------------------------------- reset
@@ -181,6 +189,8 @@ class ReachTask:
         s.goal = torch.where(m, reading, s.goal)
         s.goals_in_flight = torch.where(mask[:, None, None], reading[:, None], s.goals_in_flight)
         s.last_reading = torch.where(m, reading, s.last_reading)
+        s.past_readings = torch.where(mask[:, None, None], reading[:, None], s.past_readings)
+        s.past_goals = torch.where(mask[:, None, None], reading[:, None], s.past_goals)
         s.steps = torch.where(mask, 0, s.steps)
         self.episodes.reset(mask)
 
@@ -216,5 +226,11 @@ class ReachTask:
             raise ValueError(f"task state holds {held} environments, this task has {self.num_envs}")
         self.gen.set_state(state["gen"])
         self.episodes.load_state_dict(state["episodes"])
-        self.state = TaskState(**{k: v.to(self.device) for k, v in state["state"].items()})
+        fresh = TaskState.zeros(self.num_envs, ACTION_DIM, 0, self.cfg.obs_history, self.device).as_dict()
+        self.state = TaskState(**{**fresh, **{k: v.to(self.device) for k, v in state["state"].items()}})
         self.handed_out = state["handed_out"]
+
+
+def _push(past: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`x` [N, A] in front of the history `past` [N, H, A], the oldest dropped."""
+    return torch.cat((x[:, None], past), dim=1)[:, :past.shape[1]]

@@ -32,6 +32,27 @@ def test_observation_is_quantized(task_cfg):
     assert torch.allclose(ticks, ticks.round(), atol=2e-3)
 
 
+def test_a_history_observes_the_last_readings_and_goals_newest_first(task_cfg):
+    """obs_history=3: the past terms are the readings and goals of the three observations
+    before, minus home; a new episode starts its history at the present reading."""
+    cfg = dataclasses.replace(task_cfg, obs_history=3)
+    env = ReachEnv(cfg, 4, seed=0)
+    home = torch.tensor(env.robot.home, dtype=torch.float32)
+    readings, goals = [env.reading()], [env.task.state.goal.clone()]
+    assert torch.equal(env.obs[:, OBS_DIM:OBS_DIM + 15].view(4, 3, 5), (readings[0] - home)[:, None].expand(4, 3, 5))
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        obs, *_ = env.step(torch.rand(4, 5, generator=g) * 2 - 1)
+        past_q, past_goal = obs[:, OBS_DIM:OBS_DIM + 15].view(4, 3, 5), obs[:, OBS_DIM + 15:].view(4, 3, 5)
+        expect_q = torch.stack(readings[::-1][:3], dim=1) - home[None, None]
+        expect_goal = torch.stack(goals[::-1][:3], dim=1) - home[None, None]
+        n = min(3, len(readings))                    # the start's reading fills the rest
+        assert torch.equal(past_q[:, :n], expect_q[:, :n]) and torch.equal(past_goal[:, :n], expect_goal[:, :n])
+        readings.append(env.reading())
+        goals.append(env.task.state.goal.clone())
+    assert obs.shape == (4, OBS_DIM + 30)
+
+
 @pytest.mark.parametrize("num_envs", [1, 3])
 def test_given_targets_are_visited_in_order_one_per_window(task_cfg, num_envs):
     """Across window ends and episode restarts, each window that starts takes the next target."""

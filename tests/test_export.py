@@ -1,6 +1,7 @@
 """ONNX export and the policy runtime: parity, the contract in the metadata, one observation
 code path, evaluation of the shipped file, and refusal of bad files and bad input."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -83,6 +84,49 @@ def test_runtime_builds_the_same_observation_as_the_sim(exported, task_cfg):
     want = torch.clamp(want, torch.tensor(env.robot.lower[env.robot.arm_index], dtype=torch.float32),
                        torch.tensor(env.robot.upper[env.robot.arm_index], dtype=torch.float32))
     np.testing.assert_allclose(rt.next_goal(s.goal.numpy(), a, q.numpy()), want.numpy(), atol=1e-7)
+
+
+def test_a_policy_with_a_history_runs_on_the_robot_path_as_in_the_sim(tmp_path, task_cfg):
+    """obs_history=3 end to end: the file's contract names the past terms, the runtime builds
+    the sim's observation from the past readings and goals, PolicyStep keeps them newest
+    first, and evaluating the file equals evaluating the checkpoint."""
+    from soarm.robot.loop import PolicyStep
+    from soarm.robot.safety import SafetyCfg, SafetyLayer
+
+    task = dataclasses.replace(task_cfg, obs_history=3)
+    Runner(tiny_cfg(2), tmp_path / "run", progress=False, task=task).learn()
+    export(tmp_path / "run", tmp_path / "policy.onnx", verify_count=200)
+    rt = PolicyRuntime(tmp_path / "policy.onnx")
+    assert rt.history == 3 and rt.obs_dim == OBS_DIM + 30
+    env = ReachEnv(task, 8, seed=3)
+    for _ in range(4):
+        s = env.task.state
+        before, past_q, past_goal = s.last_reading.clone(), s.past_readings.clone(), s.past_goals.clone()
+        env.step(torch.rand(8, 5) - 0.5)
+        obs = rt.observe(env.reading().numpy(), before.numpy(), s.goal.numpy(), s.target.numpy(),
+                         s.last_action.numpy(), past_q.numpy(), past_goal.numpy())
+        np.testing.assert_array_equal(obs, env.obs.numpy())
+    with pytest.raises(PolicyError, match="observes 3 past ticks, given 0"):
+        rt.observe(*(x.numpy() for x in (env.reading(), before, s.goal, s.target, s.last_action)))
+
+    robot = env.robot
+    q = env.reading()[0].numpy()
+    step = PolicyStep(rt, SafetyLayer(SafetyCfg(), robot.lower[robot.arm_index], robot.upper[robot.arm_index]),
+                      30.0, q)
+    seen, goals = [], []
+    for k in range(4):
+        reading = q + 0.002 * k
+        goals.append(step.goal.copy())
+        assert step(reading, s.target[0].numpy()).decision.goal is not None
+        seen.append(reading)
+    np.testing.assert_array_equal(step.past_q, np.stack(seen[::-1][:3]))
+    np.testing.assert_array_equal(step.past_goal, np.stack(goals[::-1][:3]))
+
+    state = checkpoint.load(tmp_path / "run")
+    with torch.no_grad():
+        a = evaluate(checkpoint.build_model(state).act_deterministic, task, targets=16, num_envs=8, progress=False)
+        b = evaluate(rt, task, targets=16, num_envs=8, progress=False)
+    assert abs(a["mean_error_m"] - b["mean_error_m"]) < 1e-4
 
 
 def test_evaluating_the_file_equals_evaluating_the_checkpoint(exported):

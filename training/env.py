@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from soarm.description import RobotDescription, load_robot
-from soarm.reach import ACTION_DIM, OBS_DIM, ReachCfg, check_action
+from soarm.reach import ACTION_DIM, ReachCfg, check_action, obs_dim
 from soarm.reach_task import EpisodeStart, ReachTask
 from soarm.sim import ArmSim
 
@@ -38,7 +38,7 @@ class ReachEnv:
                           dt=1.0 / (cfg.control_hz * cfg.substeps), device=device, backlash=self.task.max_backlash,
                           pd_drives=rand.pd_share > 0, carries_payload=rand.payload_kg[1] > 0)
         self.dyn = self.sim.dyn
-        self.num_obs, self.num_actions = OBS_DIM, ACTION_DIM
+        self.num_obs, self.num_actions = obs_dim(cfg.obs_history), ACTION_DIM
         self.window = cfg.window_steps
         self.arm = self.task.arm
         self.obs = self.reset()

@@ -17,7 +17,7 @@ from isaaclab_newton.physics import MJWarpSolverCfg, NewtonCfg
 
 from soarm import CONFIG_DIR, config
 from soarm.description import load_robot
-from soarm.reach import ACTION_DIM, OBS_DIM, ReachCfg
+from soarm.reach import ACTION_DIM, OBS_DIM, ReachCfg, obs_dim
 from soarm.training.isaac.asset import articulation_cfg, usd_path
 
 
@@ -48,6 +48,7 @@ class SO101ReachEnvCfg(DirectRLEnvCfg):
         task = config.load(ReachCfg, self.task_file)
         dt = 1.0 / (task.control_hz * task.substeps)          # as the embedded simulator steps
         self.decimation, self.episode_length_s = task.substeps, task.episode_s
+        self.observation_space = obs_dim(task.obs_history)
         self.sim.dt, self.sim.render_interval, self.sim.device = dt, task.substeps, self.device
         self.sim.physics.use_cuda_graph = self.device.startswith("cuda")
         self.scene.robot = articulation_cfg(load_robot(), usd_path(), task.servo, dt)
