@@ -279,7 +279,7 @@ def test_losing_the_bus_ends_in_torque_off_and_a_diagnostic_error(rig, client, h
     assert not r.success and r.message                       # refuses, says why, stays up
     time.sleep(2.0)
     assert node.proc.poll() is None, node.output()           # no crash (loop)
-    assert node.stop() == 0
+    assert node.stop() == 0, node.output()
     out = node.output()
     assert "Traceback" not in out and "stopped; torque off" in out
 
@@ -408,7 +408,7 @@ def test_lifecycle_transitions_and_joint_space_commands(rig, client):
     assert "torque off" in d["message"]
     assert lifecycle(client, Transition.TRANSITION_CLEANUP)
     client.wait_for(diag_with(client, "state", "unconfigured"))
-    assert node.stop() == 0
+    assert node.stop() == 0, node.output()
     out = node.output()
     assert "trajectory refused" in out and "the gripper is held" in out and "Traceback" not in out
 
@@ -449,4 +449,4 @@ def test_description_states_diagnostics_and_parameter_descriptors(rig, client):
     assert (step.floating_point_range[0].from_value, step.floating_point_range[0].to_value) == (1e-4, 0.25)
     assert (hold.integer_range[0].from_value, hold.integer_range[0].to_value) == (1, 300)
     assert "serial port" in port.description and port.read_only
-    assert node.stop() == 0
+    assert node.stop() == 0, node.output()
