@@ -13,6 +13,9 @@ Observation, in order (units as the real arm measures them, encoder-quantized):
     target           3  m, commanded fingertip position (base frame)
     target_error     3  m, target - fingertip
     last_action      5  the previous policy output (unitless, before scaling)
+With ReachCfg.obs_history = H > 0, then (obs_terms):
+    past_joint_pos   5H rad, the readings of the last H observations, newest first, minus home
+    past_joint_goal  5H rad, the goals observed with them, minus home
 Action: 5 values, relative joint-position targets (Isaac Lab's "relative joint position"
 action): goal_t = goal_{t-1} + action_scale * clip(action, +-action_clip), kept within
 max_relative_target of the measured angles and clipped to the joint limits; goal := measured

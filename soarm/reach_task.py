@@ -152,7 +152,7 @@ class ReachTask:
                            start=self.draw_episodes(done))
 
     def observation(self, reading: torch.Tensor) -> torch.Tensor:
-        """The policy observation [N, OBS_DIM] from this reading (rad), without moving on."""
+        """The policy observation [N, obs_dim] from this reading (rad), without moving on."""
         s = self.state
         return observe(self.dyn, reading, s.last_reading, s.goal, s.target, s.last_action, self.cfg.control_hz,
                        s.past_readings, s.past_goals)
