@@ -239,10 +239,16 @@ def action_to_goal(dyn: ArmDynamics, action: torch.Tensor, goal: torch.Tensor, m
     return torch.clamp(goal, lo, hi)
 
 
+def push(line: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`x` [N, A] in front of the line `line` [N, L, A] (newest first), the oldest dropped; a
+    line of length 0 (no history) stays empty."""
+    return torch.cat((x[:, None], line[:, :-1]), dim=1) if line.shape[1] else line
+
+
 def delay_goals(line: torch.Tensor, goal: torch.Tensor, delay: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Latency: push this step's arm goal [N, A] into each env's delay line [N, D, A] (newest
     first) and return (the goal that reaches the servos now, `delay` [N] ticks old; the line)."""
-    line = torch.cat((goal[:, None], line[:, :-1]), dim=1)
+    line = push(line, goal)
     applied = line.gather(1, delay[:, None, None].expand(-1, 1, line.shape[-1])).squeeze(1)
     return applied, line
 

@@ -30,8 +30,8 @@ from soarm.dynamics import ArmDynamics
 from soarm.episode_stats import EpisodeStats
 from soarm.identified import task_centre
 from soarm.reach import (ACTION_DIM, ReachCfg, action_to_goal, delay_goals, deviation_weights, draw_latency,
-                         draw_physics, draw_targets, full_pose, limit_clearance, max_latency, observe, rewards,
-                         sample_targets, terminations, uniform)
+                         draw_physics, draw_targets, full_pose, limit_clearance, max_latency, observe, push,
+                         rewards, sample_targets, terminations, uniform)
 from soarm.servo import ServoConfig
 
 
@@ -162,7 +162,7 @@ class ReachTask:
         and the next history starts with it."""
         s = self.state
         obs = self.observation(reading)
-        s.past_readings, s.past_goals = _push(s.past_readings, reading), _push(s.past_goals, s.goal)
+        s.past_readings, s.past_goals = push(s.past_readings, reading), push(s.past_goals, s.goal)
         s.last_reading = reading
         return obs
 
@@ -229,8 +229,3 @@ class ReachTask:
         fresh = TaskState.zeros(self.num_envs, ACTION_DIM, 0, self.cfg.obs_history, self.device).as_dict()
         self.state = TaskState(**{**fresh, **{k: v.to(self.device) for k, v in state["state"].items()}})
         self.handed_out = state["handed_out"]
-
-
-def _push(past: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """`x` [N, A] in front of the history `past` [N, H, A], the oldest dropped."""
-    return torch.cat((x[:, None], past), dim=1)[:, :past.shape[1]]
