@@ -123,17 +123,25 @@ class ReachNode(LifecycleNode):
                                f"target frame '{d.runtime.frame}'")
         return SUCCESS
 
+    # The callbacks below read `self.driver` once: Ctrl-C releases it from the main thread
+    # while an executor thread may still be inside one of them.
     def on_activate(self, state) -> TransitionCallbackReturn:
-        ok, self.message = self.driver.enable()
+        d = self.driver
+        if d is None:
+            return FAILURE
+        ok, self.message = d.enable()
         return SUCCESS if ok else FAILURE
 
     def on_deactivate(self, state) -> TransitionCallbackReturn:
-        ok, self.message = self.driver.disable()
-        t_end = time.monotonic() + self.driver.cfg.park_timeout_s + 2.0
-        while self.driver.state == PARKING and time.monotonic() < t_end:
+        d = self.driver
+        if d is None:
+            return SUCCESS
+        ok, self.message = d.disable()
+        t_end = time.monotonic() + d.cfg.park_timeout_s + 2.0
+        while d.state == PARKING and time.monotonic() < t_end:
             time.sleep(0.02)
-        if self.driver.state == DISABLED:
-            self.message = self.driver.reason
+        if d.state == DISABLED:
+            self.message = d.reason
         return SUCCESS
 
     def on_cleanup(self, state) -> TransitionCallbackReturn:
@@ -158,9 +166,10 @@ class ReachNode(LifecycleNode):
     def _follow_driver(self) -> None:
         """Keep the lifecycle state where the arm is: a fault turns torque off in the driver,
         and the node follows to inactive; enable_on_start enables it, and the node follows."""
-        if self.driver is None:
+        d = self.driver
+        if d is None:
             return
-        label, arm = self.state_label(), self.driver.state
+        label, arm = self.state_label(), d.state
         if label == "active" and arm in (DISABLED, FAULT):
             self.trigger_deactivate()
         elif label == "inactive" and arm == ENABLED:
@@ -168,28 +177,30 @@ class ReachNode(LifecycleNode):
 
     # -------------------------------------------------------------- ROS -> driver
     def _on_target(self, msg: PointStamped) -> None:
-        if self.driver is None:
+        d = self.driver
+        if d is None:
             self.get_logger().warn("target ignored: the node is not configured")
             return
         try:
-            self.driver.set_target([msg.point.x, msg.point.y, msg.point.z], msg.header.frame_id)
+            d.set_target([msg.point.x, msg.point.y, msg.point.z], msg.header.frame_id)
         except PolicyError as e:
             self.get_logger().warn(f"target refused: {e}")
 
     def _on_trajectory(self, msg: JointTrajectory) -> None:
-        if self.driver is None:
+        d = self.driver
+        if d is None:
             self.get_logger().warn("trajectory ignored: the node is not configured")
             return
         traj = Trajectory(list(msg.joint_names), [list(p.positions) for p in msg.points],
                           [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in msg.points])
-        ok, text = self.driver.follow(traj)
+        ok, text = d.follow(traj)
         (self.get_logger().info if ok else self.get_logger().warn)(text)
 
     def _enable(self, request, response):
         if self.state_label() == "unconfigured" and self.trigger_configure() != SUCCESS:
             return self._answer(response, False, f"not configured: {self.error}")
         if self.state_label() == "active":                      # a fault not followed yet: the driver decides
-            return self._answer(response, *self.driver.enable())
+            return self._call(response, lambda d: d.enable())
         ok = self.trigger_activate() == SUCCESS
         return self._answer(response, ok, self.message)
 
