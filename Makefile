@@ -42,10 +42,10 @@ main: setup
 	$(VENV)/bin/soarm export $(RUN) -o $(RUN)/policy.onnx
 	$(VENV)/bin/soarm evaluate $(RUN)/policy.onnx --targets 512 --out $(RUN)/eval_onnx.json
 
-# The whole suite, then the emulator-backed tests again in reverse order with two CPU-bound
-# processes beside them (tests/under_load.py): they must hold on a busy machine.
+# The whole suite: every test but the emulator-backed ones, then those in reverse order with
+# two CPU-bound processes beside them (tests/under_load.py): they must hold on a busy machine.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not bus"
 	$(PY) tests/under_load.py
 
 # The Isaac Lab 3 backend's own venv (Python 3.12, ~8 GB, shared by every clone on this

@@ -36,7 +36,10 @@ def test_runs_at_rate_within_limits_and_ends_with_torque_off(arm, robot):
     loop.start()
     assert all(emu.torque_enabled())
     stats = loop.run(seconds=1.0)
-    assert 25 <= stats["ticks"] <= 31 and stats["read_failures"] == 0
+    # The emulator answers from a thread of this process: on a busy machine it can miss a
+    # reply's deadline now and then, which the loop counts and rides through; a broken read
+    # path fails every tick.
+    assert 25 <= stats["ticks"] <= 31 and stats["read_failures"] <= 2
     assert not any(emu.torque_enabled())                       # torque off at the end
     q = np.array(emu.joint_positions())[robot.arm_index]
     idx = robot.arm_index
