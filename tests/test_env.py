@@ -5,7 +5,7 @@ import torch
 
 from soarm.description import load_robot
 from soarm.reach import (OBS_DIM, OBS_SLICES, RewardCfg, action_to_goal, arm_limits, delay_goals, deviation_weights, draw_latency,
-                         in_region, limit_clearance, rewards)
+                         in_region, limit_clearance, obs_dim, rewards)
 from soarm.servo import TICK
 from soarm.training.env import ReachEnv
 from soarm.training.evaluate import evaluate
@@ -15,7 +15,7 @@ from soarm.training.scripted import ScriptedReach
 def test_shapes_and_finiteness(task_cfg):
     env = ReachEnv(task_cfg, 16, seed=0)
     obs = env.reset()
-    assert obs.shape == (16, OBS_DIM)
+    assert obs.shape == (16, obs_dim(task_cfg.obs_history))
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
         obs, rew, term, trunc, info = env.step(torch.rand(16, 5, generator=g) * 2 - 1)

@@ -12,7 +12,7 @@ import torch
 from soarm import cli, contract
 from soarm.export.exporter import export
 from soarm.export.runtime import PolicyError, PolicyRuntime
-from soarm.reach import OBS_DIM, OBS_SLICES, OBS_TERMS
+from soarm.reach import OBS_DIM, OBS_SLICES, obs_dim, obs_terms
 from soarm.training import checkpoint
 from soarm.training.env import ReachEnv
 from soarm.training.evaluate import evaluate
@@ -29,7 +29,7 @@ def exported(tmp_path_factory):
     return root, result
 
 
-def test_parity_and_single_file(exported):
+def test_parity_and_single_file(exported, task_cfg):
     root, result = exported
     assert result["parity_max_abs"] < 1e-5 and result["observations"] == 2000
     assert [p.name for p in root.iterdir() if p.is_file()] == ["policy.onnx"]      # no external .data
@@ -39,15 +39,15 @@ def test_parity_and_single_file(exported):
     (inp,), (out,) = model.graph.input, model.graph.output
     assert inp.name == "obs" and out.name == "actions"
     assert inp.type.tensor_type.shape.dim[0].dim_param                               # dynamic batch
-    assert inp.type.tensor_type.shape.dim[1].dim_value == OBS_DIM
+    assert inp.type.tensor_type.shape.dim[1].dim_value == obs_dim(task_cfg.obs_history)
 
 
-def test_contract_in_metadata(exported, robot):
+def test_contract_in_metadata(exported, robot, task_cfg):
     root, _ = exported
     meta = {p.key: p.value for p in onnx.load(root / "policy.onnx").metadata_props}
     c = json.loads(meta[contract.METADATA_KEY])
     assert c["schema"] == contract.SCHEMA
-    assert [(t["name"], t["size"], t["unit"]) for t in c["observation"]] == list(OBS_TERMS)
+    assert [(t["name"], t["size"], t["unit"]) for t in c["observation"]] == list(obs_terms(task_cfg.obs_history))
     assert c["joint_names"] == list(robot.arm_joints)
     assert c["action"]["default_joint_positions"] == pytest.approx(list(robot.home))
     assert c["control_hz"] == 30.0 and c["encoder"]["ticks_per_rev"] == 4096
@@ -60,7 +60,7 @@ def test_runtime_matches_torch_for_any_batch(exported):
     root, _ = exported
     rt = PolicyRuntime(root / "policy.onnx")
     model = checkpoint.build_model(checkpoint.load(root / "run"))
-    obs = torch.randn(7, OBS_DIM) * 0.1
+    obs = torch.randn(7, rt.obs_dim) * 0.1
     with torch.no_grad():
         want = model.act_deterministic(obs).numpy()
     np.testing.assert_allclose(rt.act(obs.numpy()), want, atol=1e-5)
@@ -73,9 +73,11 @@ def test_runtime_builds_the_same_observation_as_the_sim(exported, task_cfg):
     env = ReachEnv(task_cfg, 8, seed=3)
     env.step(torch.rand(8, 5) - 0.5)
     before = env.task.state.last_reading.clone()              # the reading one tick ago
+    past = env.task.state.past_readings.clone(), env.task.state.past_goals.clone()   # the history then
     env.step(torch.rand(8, 5) - 0.5)
     q, s = env.reading(), env.task.state
-    obs = rt.observe(q.numpy(), before.numpy(), s.goal.numpy(), s.target.numpy(), s.last_action.numpy())
+    obs = rt.observe(q.numpy(), before.numpy(), s.goal.numpy(), s.target.numpy(), s.last_action.numpy(),
+                     past[0].numpy(), past[1].numpy())
     np.testing.assert_array_equal(obs, env.obs.numpy())
     a = rt.act(obs)
     want = s.goal + task_cfg.action_scale * torch.clamp(torch.from_numpy(a), -1, 1)
@@ -189,8 +191,8 @@ def test_bad_observations_never_give_an_action(exported):
     root, _ = exported
     rt = PolicyRuntime(root / "policy.onnx")
     with pytest.raises(PolicyError, match="observation shape"):
-        rt.act(np.zeros((1, OBS_DIM - 1)))
-    obs = np.zeros((2, OBS_DIM), dtype=np.float32)
+        rt.act(np.zeros((1, rt.obs_dim - 1)))
+    obs = np.zeros((2, rt.obs_dim), dtype=np.float32)
     obs[1, OBS_SLICES["joint_goal"].start + 2] = np.nan
     with pytest.raises(PolicyError, match="NaN or inf in joint_goal"):
         rt.act(obs)

@@ -16,7 +16,7 @@ import yaml
 
 from soarm import CONFIG_DIR, config
 from soarm.description import load_robot
-from soarm.reach import OBS_DIM, ReachCfg
+from soarm.reach import ReachCfg
 from soarm.servo import ServoConfig
 from soarm.sim import ArmSim
 from soarm.training.isaac import TASK_ID
@@ -40,7 +40,7 @@ def test_steps_resets_and_joint_targets_move_the_arm():
     env = make_env(4)
     try:
         obs, _ = env.reset()
-        assert obs["policy"].shape == (4, OBS_DIM) and torch.isfinite(obs["policy"]).all()
+        assert obs["policy"].shape == (4, env.cfg.observation_space) and torch.isfinite(obs["policy"]).all()
         q0 = env.arm_robot.data.joint_pos.torch.clone()
         push = torch.tensor([[0.6, 0.0, 0.0, 0.0, 0.0]]).repeat(4, 1)          # shoulder_pan goal up
         for _ in range(20):
