@@ -3,6 +3,7 @@ emulated arm neither was told about.
 
     python benchmarks/sysid_policy.py [--seed 3] [--work runs/sysid_bench]
         [--log LOG.mcap] [--arm ARM.yaml] [--identified POLICY.onnx] [--nominal POLICY.onnx]
+        [--recovery-only]
 
 1. `soarm excite` (the full plan) on `soarm emulate --perturb SEED`, over the pty (--log: skip).
 2. `soarm sysid` on that log (--arm: skip).
@@ -65,25 +66,25 @@ def train_on(arm: Path | None, work: Path, name: str) -> Path:
 
 
 def recovery_table(arm_file: Path, seed: int) -> list[str]:
-    """Identified / hidden, per arm joint and parameter."""
-    import math
-
+    """Identified / hidden, per arm joint and parameter (robot/sysid.py's PARAMS)."""
     from soarm import CONFIG_DIR, config
     from soarm.description import load_robot
     from soarm.identified import IdentifiedArm
     from soarm.robot.plant import Perturbation
+    from soarm.robot.sysid import PARAMS, Candidates
+    from soarm.servo import ServoConfig
 
     robot = load_robot()
     arm = config.load(IdentifiedArm, CONFIG_DIR / arm_file)
-    hidden = Perturbation.draw(seed, len(robot.names))
-    lines = [f"{'joint':14s} {'gain':>11s} {'friction':>11s} {'mass':>11s} {'backlash deg':>13s}   (identified / hidden)"]
+    servo = config.load(ServoConfig, CONFIG_DIR / arm.servo).params
+    hidden = Perturbation.draw(seed, len(robot.names)).identified(robot, arm.servo)
+    got, want = (Candidates.of(a, 1, servo).values() for a in (arm, hidden))
+    heads = ("gain", "Coulomb", "viscous", "load fr.", "armature", "dead-band", "mass", "backlash°")
+    lines = [f"{'joint':14s} " + " ".join(f"{h:>11s}" for h in heads) + "   (identified / hidden)"]
     for j, name in enumerate(arm.joints):
-        i = robot.index(name)
-        lines.append(f"{name:14s} {arm.gain_scale[j]:5.2f}/{hidden.gain_scale[i]:<5.2f} "
-                     f"{arm.friction_scale[j]:5.2f}/{hidden.friction_scale[i]:<5.2f} "
-                     f"{arm.mass_scale[j]:5.2f}/{hidden.mass_scale[i]:<5.2f} "
-                     f"{arm.backlash_deg[j]:6.2f}/{math.degrees(hidden.backlash[i]):<6.2f}")
-    lines.append(f"latency ticks {arm.latency_ticks}/{round(hidden.latency_s * 30)}")
+        lines.append(f"{name:14s} " + " ".join(f"{float(got[p][0, j]):5.2f}/{float(want[p][0, j]):<5.2f}"
+                                               for p in PARAMS))
+    lines.append(f"latency ticks {arm.latency_ticks}/{hidden.latency_ticks}")
     return lines
 
 
@@ -96,6 +97,7 @@ def main() -> int:
     ap.add_argument("--identified", type=Path, default=None, help="policy trained on the identified arm")
     ap.add_argument("--nominal", type=Path, default=None, help="policy trained on the nominal model, narrowed")
     ap.add_argument("--targets", type=int, default=200)
+    ap.add_argument("--recovery-only", action="store_true", help="stop after steps 1-2 and the recovery table")
     args = ap.parse_args()
 
     from soarm.robot.sysid import SysidCfg, sysid
@@ -109,6 +111,8 @@ def main() -> int:
     if args.arm is None:
         sysid([log], work / "fit", SysidCfg())
     print("\n".join(recovery_table(arm, args.seed)), flush=True)
+    if args.recovery_only:
+        return 0
     policy = args.identified or train_on(arm, work, "on_identified")
     print(f"sysid_policy: policy trained on the identified arm {policy} ({time.time() - t0:.0f} s)", flush=True)
     nominal = args.nominal or train_on(None, work, "on_nominal")

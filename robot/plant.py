@@ -50,11 +50,17 @@ class Perturbation:
     identification and transfer have not seen. Per joint, drawn from a seed within the spread
     users report of real SO-101s (unit-to-unit gain, worn or greased gearboxes, ~1 deg of
     backlash, printed links and payloads, a slow USB adapter)."""
-    friction_scale: tuple[float, ...]   # x Coulomb and viscous friction (log-uniform 0.5-2)
+    friction_scale: tuple[float, ...]   # x Coulomb friction (log-uniform 0.5-2; and viscous where that is None)
     gain_scale: tuple[float, ...]       # x the firmware's loop gain (0.7-1.3)
     mass_scale: tuple[float, ...]       # x each link's mass and inertia (0.8-1.2)
     backlash: tuple[float, ...]         # rad of gear play (0-1.5 deg)
     latency_s: float                    # goals reach the servos this late (0, 1 or 2 control ticks)
+    # Drawn after the above (a seed's earlier values are those it drew before these existed);
+    # None: the servo model's (a --reveal file written before them).
+    viscous_scale: tuple[float, ...] | None = None        # x viscous friction (log-uniform 0.5-2)
+    friction_load_scale: tuple[float, ...] | None = None  # x load-dependent friction (log-uniform 0.5-2)
+    armature_scale: tuple[float, ...] | None = None       # x rotor inertia (0.8-1.25: motor spread)
+    deadband_ticks: tuple[float, ...] | None = None       # firmware dead-band (0-2 whole ticks)
 
     @classmethod
     def draw(cls, seed: int, joints: int) -> "Perturbation":
@@ -62,19 +68,27 @@ class Perturbation:
 
         def uniform(lo: float, hi: float) -> tuple[float, ...]:
             return tuple(float(x) for x in g.uniform(lo, hi, joints))
-        friction = tuple(math.exp(x) for x in uniform(math.log(0.5), math.log(2.0)))
-        return cls(friction_scale=friction, gain_scale=uniform(0.7, 1.3), mass_scale=uniform(0.8, 1.2),
-                   backlash=uniform(0.0, math.radians(1.5)), latency_s=int(g.integers(0, 3)) / CONTROL_HZ)
+
+        def log_uniform(lo: float, hi: float) -> tuple[float, ...]:
+            return tuple(math.exp(x) for x in uniform(math.log(lo), math.log(hi)))
+        friction = log_uniform(0.5, 2.0)
+        first = dict(friction_scale=friction, gain_scale=uniform(0.7, 1.3), mass_scale=uniform(0.8, 1.2),
+                     backlash=uniform(0.0, math.radians(1.5)), latency_s=int(g.integers(0, 3)) / CONTROL_HZ)
+        return cls(**first, viscous_scale=log_uniform(0.5, 2.0), friction_load_scale=log_uniform(0.5, 2.0),
+                   armature_scale=log_uniform(0.8, 1.25),
+                   deadband_ticks=tuple(float(x) for x in g.integers(0, 3, joints)))
 
     def identified(self, robot: RobotDescription, servo: str):
         """This arm as `soarm sysid` would write it (soarm.identified.IdentifiedArm)."""
         from soarm.identified import IdentifiedArm
 
-        arm = lambda x: [float(x[i]) for i in robot.arm_index]  # noqa: E731
+        arm = lambda x: None if x is None else [float(x[i]) for i in robot.arm_index]  # noqa: E731
         return IdentifiedArm(servo=servo, joints=list(robot.arm_joints), gain_scale=arm(self.gain_scale),
                              friction_scale=arm(self.friction_scale), mass_scale=arm(self.mass_scale),
                              backlash_deg=[math.degrees(b) for b in arm(self.backlash)],
-                             latency_ticks=round(self.latency_s * CONTROL_HZ))
+                             latency_ticks=round(self.latency_s * CONTROL_HZ),
+                             viscous_scale=arm(self.viscous_scale), friction_load_scale=arm(self.friction_load_scale),
+                             armature_scale=arm(self.armature_scale), deadband_ticks=arm(self.deadband_ticks))
 
     def centre(self):
         """This arm as an identified one would be written (soarm.identified.Centre)."""
@@ -82,9 +96,10 @@ class Perturbation:
 
         from soarm.identified import Centre
 
-        row = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+        row = lambda x: None if x is None else torch.tensor(x, dtype=torch.float32)  # noqa: E731
         return Centre(row(self.gain_scale), row(self.friction_scale), row(self.mass_scale), row(self.backlash),
-                      round(self.latency_s * CONTROL_HZ))
+                      round(self.latency_s * CONTROL_HZ), row(self.viscous_scale), row(self.friction_load_scale),
+                      row(self.armature_scale), row(self.deadband_ticks))
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,13 @@ window's start, the logged goals (held between ticks, `latency` late) drive it, 
 encoder readings are compared with the logged ones at the logged times.
 
 The search is the cross-entropy method, one per joint in the same batch: a joint's loop
-gain, friction, link mass and backlash are ranked by that joint's own tracking error over
-every window (the one where it moves, and the ones where it is held against the others'
-motion), which keeps five 4-parameter searches instead of one 20-parameter one; a link's
-mass, which loads every joint before it, is ranked by their summed error. The latency,
-one for the arm, is scanned in whole control ticks before, midway and after. What the chirps and steps
-cannot separate is left nominal: the armature, the dead-band and load-dependent friction.
+gain, Coulomb, viscous and load-dependent friction, armature, dead-band, link mass and
+backlash (`PARAMS`) are ranked by that joint's own tracking error over every window (the one
+where it moves, and the ones where it is held against the others' motion), which keeps five
+8-parameter searches instead of one 40-parameter one; a link's mass, which loads every joint
+before it, is ranked by their summed error. The latency, one for the arm, is scanned in whole
+control ticks before, midway and after. `SysidCfg.fitted` names what is searched; the rest
+stays at the servo model's values.
 
 Held-out error: windows are split by the base pose nearest to them (the plan's `home` and
 `park`, gravity-loaded and folded); each half is fitted alone and scored on the other.
@@ -33,10 +34,16 @@ import torch
 from soarm.description import RobotDescription
 from soarm.identified import IdentifiedArm
 from soarm.robot.enclog import LogError, read_log
-from soarm.servo import TICK, ServoConfig
+from soarm.servo import TICK, ServoConfig, ServoParams
 from soarm.sim import ArmSim
 
-PARAMS = ("gain_scale", "friction_scale", "mass_scale", "backlash_deg")
+# Per-joint parameters, as soarm.identified.IdentifiedArm names them. Multipliers of the servo
+# model and the robot description are searched in log space; the play and the dead-band as they are.
+PARAMS = ("gain_scale", "friction_scale", "viscous_scale", "friction_load_scale", "armature_scale",
+          "deadband_ticks", "mass_scale", "backlash_deg")
+LINEAR = ("deadband_ticks", "backlash_deg")
+CORE = ("gain_scale", "friction_scale", "mass_scale", "backlash_deg")   # fit's first stage
+P = len(PARAMS)
 
 
 @dataclass
@@ -46,7 +53,8 @@ class SysidCfg:
     min_motion_s: float = 2.0          # s of commanded motion a log must hold
     population: int = 128              # candidate arms per search step (docs/sysid.md: why not 32)
     elites: int = 32
-    iterations: int = 12
+    iterations: int = 12               # cross-entropy steps of the first stage (`fit`)
+    refine_iterations: int = 6         # ... and of the second
     polish_steps: int = 8              # pattern-search steps after the sampled search
     max_latency_ticks: int = 3         # the latency scan's range, control ticks
     # torch.compile the replay's physics once for every batch size: ~1 min to compile, then
@@ -55,19 +63,45 @@ class SysidCfg:
     # Search bounds (multipliers are searched in log space): wider than the spread users
     # report (gain x0.7-1.3, friction x0.5-2, mass +-20 %, backlash up to ~1.5 deg).
     gain_scale: tuple[float, float] = (0.3, 3.0)
-    friction_scale: tuple[float, float] = (0.2, 5.0)
+    friction_scale: tuple[float, float] = (0.2, 5.0)         # x Coulomb friction
+    viscous_scale: tuple[float, float] = (0.2, 5.0)
+    friction_load_scale: tuple[float, float] = (0.2, 5.0)
+    armature_scale: tuple[float, float] = (0.5, 2.0)
+    deadband_ticks: tuple[float, float] = (0.0, 4.0)
     mass_scale: tuple[float, float] = (0.5, 2.0)
     backlash_deg: tuple[float, float] = (0.0, 3.0)
+    fitted: tuple[str, ...] = PARAMS   # searched; the others stay at the servo model's values
     seed: int = 0
 
     def validate(self) -> None:
         if self.substeps < 1 or self.population < 2 or not 1 <= self.elites < self.population or self.iterations < 1 \
-                or self.polish_steps < 0:
-            raise ValueError("substeps/population/elites/iterations: need substeps >= 1, 1 <= elites < population")
+                or self.polish_steps < 0 or self.refine_iterations < 0:
+            raise ValueError("substeps/population/elites/iterations: need substeps >= 1, 1 <= elites < population, "
+                             "iterations >= 1")
         for name in PARAMS:
             lo, hi = getattr(self, name)
-            if not 0 <= lo < hi or (name != "backlash_deg" and lo <= 0):
-                raise ValueError(f"{name}: need 0 < low < high (backlash: 0 <= low), got {[lo, hi]}")
+            if not 0 <= lo < hi or (name not in LINEAR and lo <= 0):
+                raise ValueError(f"{name}: need 0 < low < high (backlash, dead-band: 0 <= low), got {[lo, hi]}")
+        unknown = sorted(set(self.fitted) - set(PARAMS))
+        if unknown:
+            raise ValueError(f"fitted: unknown parameter {unknown[0]} (known: {', '.join(PARAMS)})")
+
+    def bounds(self, servo: ServoParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """theta's bounds [P] each; an unfitted parameter's are its nominal value."""
+        lo, hi = torch.tensor([_theta(n, v) for n in PARAMS for v in getattr(self, n)]).view(P, 2).T
+        fixed = torch.tensor([n not in self.fitted for n in PARAMS])
+        nom = nominal_theta(servo)
+        return torch.where(fixed, nom, lo), torch.where(fixed, nom, hi)
+
+
+def _theta(name: str, value: float) -> float:
+    """A parameter's value as the search sees it."""
+    return value if name in LINEAR else math.log(value)
+
+
+def nominal_theta(servo: ServoParams) -> torch.Tensor:
+    """[P]: the servo model as it is (no play)."""
+    return torch.tensor([servo.deadband_ticks if n == "deadband_ticks" else 0.0 for n in PARAMS])
 
 
 @dataclass
@@ -91,20 +125,22 @@ class Windows:
 
 @dataclass
 class Candidates:
-    """B candidate arms: [B, A, 4] parameters (log gain, log friction, log mass, backlash deg)
-    and [B] latencies in physics steps."""
+    """B candidate arms: [B, A, P] parameters (`PARAMS`, as the search sees them: multipliers
+    as logs) and [B] latencies in physics steps."""
     theta: torch.Tensor
     latency: torch.Tensor
 
     def values(self) -> dict[str, torch.Tensor]:
-        return {"gain_scale": self.theta[..., 0].exp(), "friction_scale": self.theta[..., 1].exp(),
-                "mass_scale": self.theta[..., 2].exp(), "backlash_deg": self.theta[..., 3]}
+        return {n: self.theta[..., i] if n in LINEAR else self.theta[..., i].exp() for i, n in enumerate(PARAMS)}
 
     @classmethod
-    def of(cls, arm: IdentifiedArm, substeps: int) -> "Candidates":
-        """One candidate: an arm already written down (identified, or the hidden one a test knows)."""
-        theta = torch.tensor([arm.gain_scale, arm.friction_scale, arm.mass_scale, arm.backlash_deg]).T
-        theta[:, :3] = theta[:, :3].log()
+    def of(cls, arm: IdentifiedArm, substeps: int, servo: ServoParams) -> "Candidates":
+        """One candidate: an arm already written down (identified, or the hidden one a test
+        knows); what it leaves out is the servo model's (viscous: as its Coulomb friction)."""
+        absent = {"viscous_scale": arm.friction_scale, "deadband_ticks": [servo.deadband_ticks] * len(arm.joints)}
+        rows = [getattr(arm, n) if getattr(arm, n) is not None else absent.get(n, [1.0] * len(arm.joints))
+                for n in PARAMS]
+        theta = torch.tensor([[_theta(n, v) for v in row] for n, row in zip(PARAMS, rows)]).T
         return cls(theta[None].float(), torch.tensor([arm.latency_ticks * substeps]))
 
 
@@ -126,12 +162,13 @@ class SysidResult:
     traces: dict = field(default_factory=dict)    # for the plot: per joint, t, measured, nominal, identified
 
     def table(self) -> list[str]:
-        lines = [f"{'joint':14s} {'gain':>6s} {'frict':>6s} {'mass':>6s} {'play°':>6s}  "
-                 f"{'RMS mrad: nominal':>17s} {'fit':>6s} {'held-out':>8s}"]
+        heads = ("gain", "coul", "visc", "load", "armat", "dead", "mass", "play°")    # PARAMS' order
+        lines = [f"{'joint':14s} " + " ".join(f"{h:>5s}" for h in heads) +
+                 f"  {'RMS mrad: nominal':>17s} {'fit':>6s} {'held-out':>8s}"]
         for f in self.joints:
-            v, held = f.values, "-" if f.rms_held_out_mrad is None else f"{f.rms_held_out_mrad:.2f}"
-            lines.append(f"{f.joint:14s} {v['gain_scale']:6.2f} {v['friction_scale']:6.2f} {v['mass_scale']:6.2f} "
-                         f"{v['backlash_deg']:6.2f}  {f.rms_nominal_mrad:17.2f} {f.rms_mrad:6.2f} {held:>8s}")
+            held = "-" if f.rms_held_out_mrad is None else f"{f.rms_held_out_mrad:.2f}"
+            lines.append(f"{f.joint:14s} " + " ".join(f"{f.values[n]:5.2f}" for n in PARAMS) +
+                         f"  {f.rms_nominal_mrad:17.2f} {f.rms_mrad:6.2f} {held:>8s}")
         lines.append(f"latency {self.arm.latency_ticks} control ticks")
         return lines
 
@@ -234,15 +271,18 @@ def replay(w: Windows, cand: Candidates, robot: RobotDescription, servo: ServoCo
     its last move settled), so both ends are replayed and `joint_sq_error` keeps the better."""
     B, S = cand.theta.shape[0], w.q0.shape[0]
     G = w.goals.shape[1]
-    N, arm = B * 2 * S, robot.arm_index
-    sim = ArmSim(robot, servo.params, servo.registers, N, w.dt, backlash=1e-9)   # gear play on
+    N, arm, sp = B * 2 * S, robot.arm_index, servo.params
+    sim = ArmSim(robot, sp, servo.registers, N, w.dt, backlash=1e-9)   # gear play on
     if compile:
         sim.compile(dynamic=True)
     v = {k: x.repeat_interleave(2 * S, dim=0) for k, x in cand.values().items()}   # env = (b * 2 + side) * S + s
     ph = sim.physics
     ph.gain_scale[:, arm] = v["gain_scale"]
-    ph.coulomb[:, arm] = servo.params.friction_coulomb * v["friction_scale"]
-    ph.viscous[:, arm] = servo.params.friction_viscous * v["friction_scale"]
+    ph.coulomb[:, arm] = sp.friction_coulomb * v["friction_scale"]
+    ph.viscous[:, arm] = sp.friction_viscous * v["viscous_scale"]
+    ph.friction_load[:, arm] = sp.friction_load * v["friction_load_scale"]
+    ph.armature[:, arm] = sp.armature * v["armature_scale"]
+    ph.deadband[:, arm] = v["deadband_ticks"]
     ph.mass_scale[:, arm] = v["mass_scale"]
     ph.backlash[:, arm] = torch.deg2rad(v["backlash_deg"])
     s_of = torch.arange(S).repeat(2 * B)
@@ -286,39 +326,71 @@ def joint_sq_error(w: Windows, readings: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- search
 def fit(w: Windows, robot: RobotDescription, servo: ServoConfig, cfg: SysidCfg,
         out: Callable[[str], None] = print, label: str = "fit") -> Candidates:
-    """The identified arm as one candidate: per-joint cross-entropy search, latency scanned."""
+    """The identified arm as one candidate: per-joint cross-entropy search in two stages, a
+    pattern search, the latency scanned. Stage 1 searches what the motion shows most (`CORE`:
+    gain, friction with the viscous part tied to the Coulomb part, link mass, play); stage 2
+    the rest (the friction split, load-dependent friction, armature, dead-band) from there;
+    the pattern search then moves them all. Searched all at once, the 8-parameter space left
+    the shoulder lift at twice the error its hidden values replay at (docs/sysid.md)."""
     A = w.q0.shape[1]
     gen = torch.Generator().manual_seed(cfg.seed)
-    ranges = [[math.log(v) for v in getattr(cfg, name)] for name in PARAMS[:3]] + [list(cfg.backlash_deg)]
-    lo, hi = torch.tensor(ranges).T                           # theta's bounds, [4] each
-    mean = torch.zeros(A, 4)                                  # the nominal arm ...
-    mean[:, 3] = (lo[3] + hi[3]) / 4                          # ... with a quarter of the play's range
-    std = ((hi - lo) / 4).expand(A, 4).clone()
-    latency = torch.tensor([0])
-    half = cfg.iterations // 2
-    for it in range(cfg.iterations):
-        if it in (0, half):
-            latency = scan_latency(w, mean, robot, servo, cfg)
-        theta = mean + std * torch.randn(cfg.population, A, 4, generator=gen)
-        theta[0] = mean
-        theta = torch.maximum(torch.minimum(theta, hi), lo)
-        err = joint_sq_error(w, replay(w, Candidates(theta, latency.expand(cfg.population)), robot, servo,
-                                       cfg.compile))
-        elite = torch.topk(_score(err), cfg.elites, dim=0, largest=False).indices   # [elites, A, 4]
-        picked = torch.gather(theta, 0, elite)
-        mean, std = picked.mean(0), picked.std(0) + 0.01 * (hi - lo)
-        out(f"sysid {label}: step {it + 1}/{cfg.iterations}, RMS per joint "
-            f"{_mrad(err.amin(dim=0))} mrad (best of the step)")
-    latency = scan_latency(w, mean, robot, servo, cfg)
+    lo, hi = cfg.bounds(servo.params)                         # theta's bounds, [P] each
+    mean = nominal_theta(servo.params).expand(A, P).clone()   # the nominal arm ...
+    play = PARAMS.index("backlash_deg")
+    mean[:, play] = (lo[play] + hi[play]) / 4                 # ... with a quarter of the play's range
+    core = torch.tensor([n in CORE for n in PARAMS])
+    tie = "friction_scale" in cfg.fitted and "viscous_scale" in cfg.fitted
+    std = torch.where(core, (hi - lo) / 4, 0.0).expand(A, P).clone()
+    mean, std, latency = _search(w, mean, std, lo, hi, cfg.iterations, tie, gen, robot, servo, cfg, out,
+                                 f"{label}, stage 1")
+    rest = ~core & (hi > lo)
+    if rest.any():
+        found, rest_std = std, torch.where(rest, (hi - lo) / 8, 0.0).expand(A, P)
+        mean, rest_std, latency = _search(w, mean, rest_std, lo, hi, cfg.refine_iterations, False, gen, robot,
+                                          servo, cfg, out, f"{label}, stage 2")
+        std = torch.where(rest, rest_std, found)
     mean = polish(w, mean, latency, std, lo, hi, robot, servo, cfg, out, label)
     return Candidates(mean[None], scan_latency(w, mean, robot, servo, cfg))
 
 
+def _search(w: Windows, mean: torch.Tensor, std: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, steps: int,
+            tie: bool, gen: torch.Generator, robot: RobotDescription, servo: ServoConfig, cfg: SysidCfg,
+            out: Callable[[str], None], label: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cross-entropy steps over the parameters with std > 0 ([A, P] each); `tie`: the viscous
+    friction follows the Coulomb. The latency is scanned before, midway and after.
+    Returns (each joint's best-scored mean, the last std, the latency for that best)."""
+    free = std > 0
+    coulomb, viscous = PARAMS.index("friction_scale"), PARAMS.index("viscous_scale")
+    latency = scan_latency(w, mean, robot, servo, cfg)
+    best, best_err = mean.clone(), torch.full((mean.shape[0],), math.inf)
+    for it in range(steps):
+        if it == steps // 2 and it > 0:
+            latency = scan_latency(w, mean, robot, servo, cfg)
+            best_err[:] = math.inf                  # scored at another latency: not comparable
+        theta = mean + std * torch.randn(cfg.population, *mean.shape, generator=gen)
+        theta[0] = mean
+        if tie:
+            theta[..., viscous] = theta[..., coulomb]
+        theta = torch.maximum(torch.minimum(theta, hi), lo)
+        err = joint_sq_error(w, replay(w, Candidates(theta, latency.expand(cfg.population)), robot, servo,
+                                       cfg.compile))
+        # Each joint's best mean so far (the mean is candidate 0): a step of the search in many
+        # coupled parameters can leave a joint worse than the step before.
+        better = err[0] < best_err
+        best, best_err = torch.where(better[:, None], theta[0], best), torch.where(better, err[0], best_err)
+        elite = torch.topk(_score(err), cfg.elites, dim=0, largest=False).indices   # [elites, A, P]
+        picked = torch.gather(theta, 0, elite)
+        mean, std = picked.mean(0), (picked.std(0) + 0.01 * (hi - lo)) * free
+        out(f"sysid {label}: step {it + 1}/{steps}, RMS per joint {_mrad(err.amin(dim=0))} mrad (best of the step)")
+    return best, std, scan_latency(w, best, robot, servo, cfg)
+
+
 def _score(err: torch.Tensor) -> torch.Tensor:
-    """[B, A] joint errors -> [B, A, 4]: what each parameter is ranked by. A joint's gain,
-    friction and play by its own error; a link's mass by the summed error of every joint that
-    carries it (its own and those before it)."""
-    return torch.stack([err, err, err.cumsum(dim=1), err], dim=2)
+    """[B, A] joint errors -> [B, A, P]: what each parameter is ranked by. A joint's servo
+    parameters and play by its own error; a link's mass by the summed error of every joint
+    that carries it (its own and those before it)."""
+    carried = err.cumsum(dim=1)
+    return torch.stack([carried if n == "mass_scale" else err for n in PARAMS], dim=2)
 
 
 def _mrad(sq: torch.Tensor) -> str:
@@ -329,33 +401,44 @@ def polish(w: Windows, mean: torch.Tensor, latency: torch.Tensor, step: torch.Te
            hi: torch.Tensor, robot: RobotDescription, servo: ServoConfig, cfg: SysidCfg,
            out: Callable[[str], None], label: str) -> torch.Tensor:
     """A pattern search from the cross-entropy mean: each parameter of every joint moved one
-    step up and down at once (9 candidates); each (joint, parameter) keeps the best of its
+    step up and down at once (1 + 2P candidates); each (joint, parameter) keeps the best of its
     three, and halves its step where staying put was best. Correlated valleys (gain against
-    friction) that the sampled search leaves short of their floor are followed down."""
+    friction) that the sampled search leaves short of their floor are followed down.
+    The moves each (joint, parameter) chose alone are taken together; where together they
+    left a joint worse than its best so far (coupled parameters: the frictions and the
+    dead-band), that joint goes back to its best and halves its steps."""
     A = mean.shape[0]
-    step = step.clone()
+    step, best = step.clone(), mean.clone()
+    best_err = torch.full((A,), math.inf)
     steps = cfg.polish_steps
-    for k in range(steps):
-        theta = mean.expand(9, A, 4).clone()
-        for p in range(4):
+    for k in range(steps + 1):
+        n = 1 if k == steps else 1 + 2 * P                     # the last round only scores the last move
+        theta = mean.expand(n, A, P).clone()
+        for p in range(P if n > 1 else 0):
             theta[1 + 2 * p, :, p] += step[:, p]
             theta[2 + 2 * p, :, p] -= step[:, p]
         theta = torch.maximum(torch.minimum(theta, hi), lo)
-        err = joint_sq_error(w, replay(w, Candidates(theta, latency.expand(9)), robot, servo, cfg.compile))
-        score = _score(err)                                                    # [9, A, 4]
-        for p in range(4):
+        err = joint_sq_error(w, replay(w, Candidates(theta, latency.expand(n)), robot, servo, cfg.compile))
+        worse = err[0] > best_err
+        best = torch.where(worse[:, None], best, theta[0])
+        best_err = torch.where(worse, best_err, err[0])
+        if k == steps:
+            break
+        mean = best.clone()
+        step = torch.where(worse[:, None], step / 2, step)
+        score = _score(err)                                                    # [1 + 2P, A, P]
+        for p in range(P):
             options = score[[0, 1 + 2 * p, 2 + 2 * p], :, p]                   # [3, A]: stay, up, down
-            best = options.argmin(dim=0)
-            pick = theta[[0, 1 + 2 * p, 2 + 2 * p], :, p]
-            mean[:, p] = pick[best, torch.arange(A)]
-            step[:, p] = torch.where(best == 0, step[:, p] / 2, step[:, p])
-        out(f"sysid {label}: polish {k + 1}/{steps}, RMS per joint {_mrad(err[0])} mrad")
-    return mean
+            pick = options.argmin(dim=0).masked_fill(worse, 0)
+            mean[:, p] = theta[[0, 1 + 2 * p, 2 + 2 * p], :, p][pick, torch.arange(A)]
+            step[:, p] = torch.where((pick == 0) & ~worse, step[:, p] / 2, step[:, p])
+        out(f"sysid {label}: polish {k + 1}/{steps}, RMS per joint {_mrad(best_err)} mrad (best so far)")
+    return best
 
 
 def scan_latency(w: Windows, theta: torch.Tensor, robot: RobotDescription, servo: ServoConfig,
                  cfg: SysidCfg) -> torch.Tensor:
-    """The latency (physics steps, [1]) that fits the arm `theta` [A, 4] best, in whole control
+    """The latency (physics steps, [1]) that fits the arm `theta` [A, P] best, in whole control
     ticks as training draws it: a finer grid trades a few ms of latency against loop gain."""
     steps = torch.arange(0, cfg.max_latency_ticks + 1) * cfg.substeps
     err = joint_sq_error(w, replay(w, Candidates(theta.expand(len(steps), *theta.shape), steps), robot, servo,
@@ -369,8 +452,8 @@ def rms_per_joint(w: Windows, cand: Candidates, robot: RobotDescription, servo: 
     return 1000 * joint_sq_error(w, replay(w, cand, robot, servo, compile))[0].sqrt()
 
 
-def nominal(A: int) -> Candidates:
-    return Candidates(torch.zeros(1, A, 4), torch.tensor([0]))
+def nominal(A: int, servo: ServoParams) -> Candidates:
+    return Candidates(nominal_theta(servo).expand(1, A, P).clone(), torch.tensor([0]))
 
 
 def identify(paths: list[Path], robot: RobotDescription, servo: ServoConfig, servo_file: str, cfg: SysidCfg,
@@ -395,7 +478,8 @@ def identify(paths: list[Path], robot: RobotDescription, servo: ServoConfig, ser
             fold = fit(w.take(idx), robot, servo, cfg, out, f"{pose} windows only")
             sq += joint_sq_error(scored, replay(scored, fold, robot, servo, cfg.compile))[0] * scored.valid.sum()
         held = 1000 * (sq / w.valid.sum()).sqrt()
-    both = Candidates(torch.cat([nominal(A).theta, best.theta]), torch.cat([nominal(A).latency, best.latency]))
+    start = nominal(A, servo.params)
+    both = Candidates(torch.cat([start.theta, best.theta]), torch.cat([start.latency, best.latency]))
     readings = replay(w, both, robot, servo, cfg.compile)              # [2: nominal, fit; 2 sides, S, K, A]
     rms_nom, rms_fit = 1000 * joint_sq_error(w, readings).sqrt()
     values = {k: v[0] for k, v in best.values().items()}

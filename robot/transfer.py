@@ -160,7 +160,7 @@ PLANTS: dict[str, PlantSpec] = {
 
 
 def _varied(what: str, centre: Callable[[SuiteContext], Centre]) -> PlantSpec:
-    """Our plant with per-joint gain, friction, mass, backlash and latency set as `centre`
+    """Our plant with per-joint servo parameters, link masses, backlash and latency set as `centre`
     has them: an identified arm, or the hidden perturbation of an emulated one."""
     def build(ctx, n, gen):
         c = centre(ctx)

@@ -181,8 +181,14 @@ def _excite(args) -> int:
 
 def _sysid(args) -> int:
     from soarm.robot.excite import excite_arm
-    from soarm.robot.sysid import SysidCfg, sysid
+    from soarm.robot.sysid import PARAMS, SysidCfg, sysid
 
+    cfg = SysidCfg(iterations=args.iterations, seed=args.seed,
+                   fitted=tuple(args.fit.split(",")) if args.fit else PARAMS)
+    try:
+        cfg.validate()                                  # before any motion or minute of fitting
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     out = args.out or REPO_ROOT / "runs" / "sysid" / time.strftime("%Y-%m-%d_%H-%M-%S")
     logs = list(args.logs)
     if not logs:
@@ -193,7 +199,7 @@ def _sysid(args) -> int:
         if report.fault or args.dry_run:
             return 1 if report.fault else 0
         logs = report.logs
-    sysid(logs, out, SysidCfg(iterations=args.iterations, seed=args.seed))
+    sysid(logs, out, cfg)
     return 0
 
 
@@ -299,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", type=Path, default=None, help="where the MCAP encoder log goes (runs/excite)")
     p.set_defaults(fn=_excite)
 
-    p = sub.add_parser("sysid", help="identify the arm (gain, friction, mass, backlash, latency) for training")
+    p = sub.add_parser("sysid", help="identify the arm (gain, friction, armature, dead-band, mass, backlash, "
+                                     "latency) for training")
     p.add_argument("logs", nargs="*", type=Path, help="encoder logs to fit (none: --port/--calibration "
                                                       "run `soarm excite` first and fit its log)")
     excitation_flags(p, needed=False)
@@ -307,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="directory for arm.yaml, sysid.json, sysid.png (runs/sysid/<time>)")
     p.add_argument("--iterations", type=int, default=12, help="sampled search steps per fit")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fit", default=None, help="comma-separated per-joint parameters to fit, the rest kept at "
+                                               "the servo model's (default: all of gain_scale, friction_scale, "
+                                               "viscous_scale, friction_load_scale, armature_scale, "
+                                               "deadband_ticks, mass_scale, backlash_deg)")
     p.set_defaults(fn=_sysid)
 
     p = sub.add_parser("replay", help="re-run an encoder log through observation, policy and safety")

@@ -355,13 +355,17 @@ def draw_physics(gen: torch.Generator, cfg: RandomizationCfg, servo, n: int, J: 
     around the servo's identified friction and armature, or around an identified arm."""
     rnd = lambda bounds: uniform(gen, (n, J), bounds, device, dtype)  # noqa: E731
     per_arm = lambda x: x.expand(n, J)                                # noqa: E731
+    fixed = lambda v: torch.full((n, J), v, device=device, dtype=dtype)  # noqa: E731
     drawn = {"gain_scale": log_uniform(gen, (n, J), cfg.gain_scale, device, dtype),
              "coulomb": servo.friction_coulomb * rnd(cfg.friction_scale),
              "viscous": servo.friction_viscous * rnd(cfg.friction_scale),
              "mass_scale": rnd(cfg.mass_scale),
              "encoder_offset": tick_offsets(gen, (n, J), cfg.encoder_offset_ticks, device, dtype),
              "backlash": rnd(tuple(math.radians(b) for b in cfg.backlash_deg)),
-             "payload": uniform(gen, (n, 1), cfg.payload_kg, device, dtype)}
+             "payload": uniform(gen, (n, 1), cfg.payload_kg, device, dtype),
+             # Not randomized, but drawn as the servo model's so that an identified arm can move them.
+             "friction_load": fixed(servo.friction_load), "armature": fixed(servo.armature),
+             "deadband": fixed(servo.deadband_ticks)}
     kp = log_uniform(gen, (n, 1), cfg.pd_kp, device, dtype)
     c = 2 * uniform(gen, (n, 1), cfg.pd_damping_ratio, device, dtype) * torch.sqrt(kp * servo.armature)
     inside = uniform(gen, (n, 1), cfg.pd_kv_share, device, dtype)

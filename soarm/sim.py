@@ -24,6 +24,9 @@ class Physics:
     gain_scale: torch.Tensor        # firmware loop gain multiplier (unit-to-unit spread)
     coulomb: torch.Tensor           # N m
     viscous: torch.Tensor           # N m s / rad
+    friction_load: torch.Tensor     # extra Coulomb friction per N m of motor torque
+    armature: torch.Tensor          # kg m^2, reflected rotor inertia
+    deadband: torch.Tensor          # encoder ticks of error the firmware does not act on
     encoder_offset: torch.Tensor    # rad, whole ticks: calibration error of each joint
     backlash: torch.Tensor          # rad of free play in each gearbox (modelled where ArmSim.gear_play)
     payload: torch.Tensor           # [N, 1] kg held at the fingertip (modelled where ArmSim.carries_payload)
@@ -74,11 +77,12 @@ class ArmSim:
         self.goal = torch.zeros(num_envs, J, **kw)
         self.firmware = ServoState(self.q)
         self.enabled = torch.ones(num_envs, J, dtype=torch.bool, device=self.dyn.device)   # torque on
-        self.armature = torch.eye(J, **kw) * servo.armature
         ones = torch.ones(num_envs, J, **kw)
         zeros = torch.zeros_like(ones)
         self.physics = Physics(mass_scale=ones.clone(), gain_scale=ones.clone(),
                                coulomb=ones * servo.friction_coulomb, viscous=ones * servo.friction_viscous,
+                               friction_load=ones * servo.friction_load, armature=ones * servo.armature,
+                               deadband=ones * servo.deadband_ticks,
                                encoder_offset=zeros.clone(), backlash=ones * backlash,
                                payload=torch.zeros(num_envs, 1, **kw), pd=torch.zeros_like(ones, dtype=torch.bool),
                                pd_kp=zeros.clone(), pd_kv=zeros.clone(), pd_force=zeros.clone(),
@@ -101,7 +105,8 @@ class ArmSim:
         self.slack, self.motor_vel = state["slack"], state["motor_vel"]
         for k, v in state["firmware"].items():
             setattr(self.firmware, k, v)
-        self.physics = Physics(**state["physics"])
+        # A checkpoint from before a Physics field existed keeps this sim's (nominal) value for it.
+        self.physics = Physics(**{**dataclasses.asdict(self.physics), **state["physics"]})
 
     def reset(self, mask: torch.Tensor, q: torch.Tensor) -> None:
         """Place environments `mask` at rest at q, torque on with goal := present."""
@@ -142,7 +147,8 @@ class ArmSim:
 
     def _substep(self) -> None:
         ph = self.physics
-        params = dataclasses.replace(self.servo, friction_viscous=ph.viscous, friction_coulomb=ph.coulomb)
+        params = dataclasses.replace(self.servo, friction_viscous=ph.viscous, friction_coulomb=ph.coulomb,
+                                     friction_load=ph.friction_load, deadband_ticks=ph.deadband)
         tau, coulomb = servo_torque(self.firmware, self.goal, self.measured(), self.qd, params,
                                     self.registers, self.dt, gain_scale=ph.gain_scale, enabled=self.enabled)
         stiffness = torch.zeros_like(tau)          # the drives' implicit part, as diagonal inertia
@@ -156,7 +162,7 @@ class ArmSim:
         if self.gear_play:
             q, qd = self._gear_play(M, bias, tau, coulomb, stiffness)
         else:
-            M = M + self.armature + torch.diag_embed(stiffness)
+            M = M + torch.diag_embed(ph.armature + stiffness)
             q, qd = integrate(self.q, self.qd, M, tau - bias, coulomb, self.dt)
         # Hard stops at the joint limits: the joint stops there.
         hit = (q < self.lower) | (q > self.upper)
@@ -174,7 +180,7 @@ class ArmSim:
         where the two meet in an inelastic impact (momentum kept, joint inertia M_jj).
         """
         half, eps, dt = self.physics.backlash / 2, 1e-6, self.dt
-        rotor_inertia = self.armature.diagonal()
+        rotor_inertia = self.physics.armature
         rotor = rotor_inertia + stiffness                 # the drive's implicit part acts on the rotor
         engaged = ((self.slack >= half - eps) & (tau >= 0)) | ((self.slack <= -half + eps) & (tau <= 0))
         drive = torch.where(engaged, tau, 0.0)

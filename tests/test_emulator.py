@@ -145,30 +145,41 @@ def test_a_perturbed_arm_is_drawn_from_its_seed_within_the_stated_ranges():
     assert Perturbation.draw(3, 6) == Perturbation.draw(3, 6) != Perturbation.draw(4, 6)
     draws = [Perturbation.draw(seed, 6) for seed in range(200)]
     for name, lo, hi in (("friction_scale", 0.5, 2.0), ("gain_scale", 0.7, 1.3), ("mass_scale", 0.8, 1.2),
-                         ("backlash", 0.0, math.radians(1.5))):
+                         ("backlash", 0.0, math.radians(1.5)), ("viscous_scale", 0.5, 2.0),
+                         ("friction_load_scale", 0.5, 2.0), ("armature_scale", 0.8, 1.25), ("deadband_ticks", 0, 2)):
         values = [x for d in draws for x in getattr(d, name)]
         assert lo <= min(values) and max(values) <= hi, name
         assert max(values) - min(values) > 0.8 * (hi - lo), name        # the whole range is visited
     assert {round(d.latency_s * CONTROL_HZ, 9) for d in draws} == {0, 1, 2}
+    assert {x for d in draws for x in d.deadband_ticks} == {0, 1, 2}
 
 
 def test_the_perturbed_plant_applies_every_difference(robot):
-    """In-process (no physics process): friction, gain, masses and backlash land in the
-    plant's physics, goals arrive `latency_s` late, and the arm moves differently."""
+    """In-process (no physics process): friction, gain, masses, backlash, armature and
+    dead-band land in the plant's physics, goals arrive `latency_s` late, and the arm moves
+    differently. A perturbation without the later fields (a --reveal file from before them)
+    leaves those at the servo model's, the viscous friction scaled as the Coulomb."""
     import numpy as np
 
     from soarm.robot.plant import Perturbation, _ArmSimStepper
 
     J = len(robot.names)
-    p = Perturbation(friction_scale=(2.0,) * J, gain_scale=(0.7,) * J, mass_scale=(1.2,) * J,
-                     backlash=(0.02,) * J, latency_s=2 / 30)
+    early = dict(friction_scale=(2.0,) * J, gain_scale=(0.7,) * J, mass_scale=(1.2,) * J,
+                 backlash=(0.02,) * J, latency_s=2 / 30)
+    p = Perturbation(**early, viscous_scale=(0.5,) * J, friction_load_scale=(1.5,) * J, armature_scale=(1.2,) * J,
+                     deadband_ticks=(2.0,) * J)
     home = dict(zip(robot.arm_joints, robot.home))
     q0 = [float(home.get(n, robot.gripper_hold)) for n in robot.names]
     nominal, odd = _ArmSimStepper(robot, 0.0056, q0, False), _ArmSimStepper(robot, 0.0056, q0, False, p)
     a, b = nominal.sim.physics, odd.sim.physics
-    assert np.allclose(b.coulomb, 2 * a.coulomb) and np.allclose(b.viscous, 2 * a.viscous)
+    assert np.allclose(b.coulomb, 2 * a.coulomb) and np.allclose(b.viscous, 0.5 * a.viscous)
     assert np.allclose(b.gain_scale, 0.7) and np.allclose(b.mass_scale, 1.2) and np.allclose(b.backlash, 0.02)
+    assert np.allclose(b.friction_load, 1.5 * a.friction_load) and np.allclose(b.armature, 1.2 * a.armature)
+    assert np.allclose(b.deadband, 2.0) and not np.allclose(a.deadband, 2.0)
     assert odd.sim.gear_play and not nominal.sim.gear_play
+    old = _ArmSimStepper(robot, 0.0056, q0, False, Perturbation(**early)).sim.physics
+    assert np.allclose(old.viscous, 2 * a.viscous) and np.allclose(old.armature, a.armature)
+    assert np.allclose(old.deadband, a.deadband) and np.allclose(old.friction_load, a.friction_load)
     goal = np.array(q0) + np.array([0.3] + [0.0] * (J - 1))
     torque = np.ones(J, dtype=bool)
     held = []

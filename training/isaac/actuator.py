@@ -37,6 +37,8 @@ class ServoActuator(ActuatorBase):
         self.gain_scale = torch.ones(shape, device=self._device)
         self.coulomb = torch.full(shape, self.params.friction_coulomb, device=self._device)
         self.viscous = torch.full(shape, self.params.friction_viscous, device=self._device)
+        self.friction_load = torch.full(shape, self.params.friction_load, device=self._device)
+        self.deadband = torch.full(shape, self.params.deadband_ticks, device=self._device)
         self.encoder_offset = zeros.clone()
 
     def measured(self, joint_pos: torch.Tensor, env_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -55,7 +57,8 @@ class ServoActuator(ActuatorBase):
 
     def compute(self, control_action: ArticulationActions, joint_pos: torch.Tensor,
                 joint_vel: torch.Tensor) -> ArticulationActions:
-        params = dataclasses.replace(self.params, friction_viscous=self.viscous, friction_coulomb=self.coulomb)
+        params = dataclasses.replace(self.params, friction_viscous=self.viscous, friction_coulomb=self.coulomb,
+                                     friction_load=self.friction_load, deadband_ticks=self.deadband)
         tau, coulomb = servo_torque(self.firmware, quantize(control_action.joint_positions),
                                     self.measured(joint_pos), joint_vel, params, self.registers,
                                     self.cfg.dt, gain_scale=self.gain_scale)

@@ -4,8 +4,8 @@ The task is soarm/reach_task.py's, the very object the embedded simulator (train
 steps: targets, observations, actions to goals through the latency, rewards, terminations,
 target windows, episode statistics and the domain randomization draws. This class owns the
 physics only: Newton integrates the rigid bodies, the servo actuator (actuator.py) computes
-every joint torque. Of the drawn physics it applies servo gain, friction, encoder offsets
-and link masses; gearbox backlash, fingertip payload and ideal-PD drives are not applied
+every joint torque. Of the drawn physics it applies servo gain, friction (Coulomb, viscous,
+load-dependent), dead-band, armature, encoder offsets and link masses; gearbox backlash, fingertip payload and ideal-PD drives are not applied
 (the Isaac actuator has no gear play, and every joint runs the servo model).
 
 Observations and the fingertip come from our own kinematics (soarm/dynamics.py) of the
@@ -100,6 +100,9 @@ class SO101ReachEnv(DirectRLEnv):
         s.coulomb[env_ids] = drawn["coulomb"]
         s.viscous[env_ids] = drawn["viscous"]
         s.encoder_offset[env_ids] = drawn["encoder_offset"]
+        s.friction_load[env_ids] = drawn["friction_load"]
+        s.deadband[env_ids] = drawn["deadband"]
+        self.arm_robot.write_joint_armature_to_sim_index(armature=drawn["armature"], env_ids=env_ids)
         mass_scale = drawn["mass_scale"]                  # link mass and inertia, as soarm/dynamics.py scales them
         self.arm_robot.set_masses_index(masses=self.nominal_mass[env_ids] * mass_scale, body_ids=self.bodies,
                                         env_ids=env_ids)
