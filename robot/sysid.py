@@ -341,27 +341,29 @@ def fit(w: Windows, robot: RobotDescription, servo: ServoConfig, cfg: SysidCfg,
     core = torch.tensor([n in CORE for n in PARAMS])
     tie = "friction_scale" in cfg.fitted and "viscous_scale" in cfg.fitted
     std = torch.where(core, (hi - lo) / 4, 0.0).expand(A, P).clone()
-    mean, std, latency = _search(w, mean, std, lo, hi, cfg.iterations, tie, gen, robot, servo, cfg, out,
+    latency = scan_latency(w, mean, robot, servo, cfg)
+    mean, std, latency = _search(w, mean, std, latency, lo, hi, cfg.iterations, tie, gen, robot, servo, cfg, out,
                                  f"{label}, stage 1")
     rest = ~core & (hi > lo)
     if rest.any():
         found, rest_std = std, torch.where(rest, (hi - lo) / 8, 0.0).expand(A, P)
-        mean, rest_std, latency = _search(w, mean, rest_std, lo, hi, cfg.refine_iterations, False, gen, robot,
-                                          servo, cfg, out, f"{label}, stage 2")
+        mean, rest_std, latency = _search(w, mean, rest_std, latency, lo, hi, cfg.refine_iterations, False, gen,
+                                          robot, servo, cfg, out, f"{label}, stage 2")
         std = torch.where(rest, rest_std, found)
     mean = polish(w, mean, latency, std, lo, hi, robot, servo, cfg, out, label)
     return Candidates(mean[None], scan_latency(w, mean, robot, servo, cfg))
 
 
-def _search(w: Windows, mean: torch.Tensor, std: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, steps: int,
-            tie: bool, gen: torch.Generator, robot: RobotDescription, servo: ServoConfig, cfg: SysidCfg,
-            out: Callable[[str], None], label: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cross-entropy steps over the parameters with std > 0 ([A, P] each); `tie`: the viscous
-    friction follows the Coulomb. The latency is scanned before, midway and after.
+def _search(w: Windows, mean: torch.Tensor, std: torch.Tensor, latency: torch.Tensor, lo: torch.Tensor,
+            hi: torch.Tensor, steps: int, tie: bool, gen: torch.Generator, robot: RobotDescription,
+            servo: ServoConfig, cfg: SysidCfg, out: Callable[[str], None],
+            label: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cross-entropy steps over the parameters with std > 0 ([A, P] each) from `latency`
+    (scanned for `mean`); `tie`: the viscous friction follows the Coulomb. The latency is
+    scanned again midway and after.
     Returns (each joint's best-scored mean, the last std, the latency for that best)."""
     free = std > 0
     coulomb, viscous = PARAMS.index("friction_scale"), PARAMS.index("viscous_scale")
-    latency = scan_latency(w, mean, robot, servo, cfg)
     best, best_err = mean.clone(), torch.full((mean.shape[0],), math.inf)
     for it in range(steps):
         if it == steps // 2 and it > 0:
