@@ -76,6 +76,9 @@ def serve(cfg: EmulateCfg, stop: threading.Event,
             print(f"emulated arm assembled as {cfg.calibration} describes (the file is only read)", flush=True)
         if cfg.calibrate:
             _self_calibrate(emu, cfg.calibrate)
+            # The procedure leaves the arm let go at its middle pose; announced only once it
+            # has fallen to rest, as a calibrated arm is found (a client must not meet it mid-fall).
+            emu.settle()
         operator = None
         if cfg.operator:           # someone at the arm for `soarm calibrate`
             from soarm.robot.emulated_operator import Operator

@@ -159,6 +159,16 @@ class ServoBusEmulator:
         """Until the arm's simulated clock has advanced by sim_seconds (any machine speed)."""
         return self.plant.wait(sim_seconds)
 
+    def settle(self, within_s: float = 10.0, still: float = 1e-3) -> bool:
+        """Until no joint moves faster than `still` rad/s (a let-go arm has fallen to rest), at
+        most within_s simulated seconds; False if it had not come to rest by then."""
+        for _ in range(round(within_s / 0.1)):
+            if max(abs(v) for v in self.plant.state().qd) < still:
+                return True
+            if not self.plant.wait(0.1):
+                return False
+        return False
+
     def raw_position(self, sid: int) -> int:
         return self._raw(sid, self.plant.state())
 
