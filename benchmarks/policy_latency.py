@@ -55,7 +55,7 @@ def main() -> None:
         model = ActorCritic(OBS_DIM, ACTION_DIM, cfg.policy).eval()
     else:
         model = checkpoint.build_model(checkpoint.load(args.source))
-    actor = DeployedActor(model.normalizer, model.actor).eval()
+    actor = DeployedActor(model.policy_normalizer(), model.actor).eval()
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
     sess = ort.InferenceSession(to_onnx(actor, OBS_DIM), opts, providers=["CPUExecutionProvider"])

@@ -61,7 +61,7 @@ def rsl_rl_runner(cfg: TrainCfg, env_seed: int, mixed_precision: bool = False):
             self.env.task.state.steps = value
 
         def _td(self, obs):
-            return TensorDict({"policy": obs}, batch_size=[self.num_envs])
+            return TensorDict({"policy": obs[:, :self.env.num_obs], "critic": obs}, batch_size=[self.num_envs])
 
         def get_observations(self):
             return self._td(self.env.obs)
@@ -73,7 +73,8 @@ def rsl_rl_runner(cfg: TrainCfg, env_seed: int, mixed_precision: bool = False):
     task = config.load(ReachCfg, CONFIG_DIR / cfg.task)
     env = ReachEnv(task, cfg.run.num_envs, seed=env_seed, check_actions=False)
     env.sim.compile()
-    train_cfg = {**rsl_rl_train_cfg(cfg, mixed_precision), "save_interval": 10**9, "check_for_nan": False}
+    train_cfg = {**rsl_rl_train_cfg(cfg, mixed_precision, task.critic_physics), "save_interval": 10**9,
+                 "check_for_nan": False}
     runner = OnPolicyRunner(Adapter(env), train_cfg, log_dir=None, device="cpu")
     timings: list[tuple[float, float]] = []
     log = runner.logger.log
@@ -86,12 +87,13 @@ def rsl_rl_runner(cfg: TrainCfg, env_seed: int, mixed_precision: bool = False):
     return runner, env, timings
 
 
-def rsl_rl_policy(runner):
-    """rsl_rl's deterministic policy as a function of our observation batch."""
+def rsl_rl_policy(runner, num_obs: int):
+    """rsl_rl's deterministic policy as a function of our env's observation batch (the
+    policy's `num_obs` columns first)."""
     from tensordict import TensorDict
 
     policy = runner.get_inference_policy()
-    return lambda obs: policy(TensorDict({"policy": obs}, batch_size=[obs.shape[0]]))
+    return lambda obs: policy(TensorDict({"policy": obs[:, :num_obs]}, batch_size=[obs.shape[0]]))
 
 
 # -------------------------------------------------------------------- helpers
@@ -173,9 +175,9 @@ def learning(cfg: TrainCfg, seeds: list[int], iterations: int, targets: int, sid
                 act = ours.model.eval().act_deterministic
             else:
                 torch.manual_seed(seed)
-                rsl, _, _ = quiet(rsl_rl_runner, run, seed)
+                rsl, env, _ = quiet(rsl_rl_runner, run, seed)
                 quiet(rsl.learn, iterations)
-                act = rsl_rl_policy(rsl)
+                act = rsl_rl_policy(rsl, env.num_obs)
             with torch.no_grad():
                 res = evaluate(act, task, targets=targets, progress=False)
             out[side][seed] = {**res, "wall_s": time.time() - t0}

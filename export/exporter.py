@@ -50,8 +50,8 @@ def recorded_observations(model, task, count: int, seed: int = 7) -> torch.Tenso
     out, obs = [], env.reset()
     with torch.no_grad():
         while sum(len(o) for o in out) < count:
-            out.append(obs)
-            obs, *_ = env.step(model.act_deterministic(obs))
+            out.append(obs[:, :model.obs_dim])                # the policy's part (not the critic's)
+            obs, *_ = env.step(model.act_deterministic(out[-1]))
     return torch.cat(out)[:count]
 
 
@@ -101,7 +101,7 @@ def export(source: str | Path, out: str | Path, verify_count: int = 10_000) -> d
     task = checkpoint.task_cfg(state)
     model = checkpoint.build_model(state)
     robot = load_robot()
-    actor = DeployedActor(model.normalizer, model.actor)
+    actor = DeployedActor(model.policy_normalizer(), model.actor)
     training = {
         "checkpoint": Path(state["path"]).name,
         "iteration": state["iteration"],

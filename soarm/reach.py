@@ -59,10 +59,34 @@ def obs_terms(history: int) -> tuple[tuple[str, int, str], ...]:
 
 def obs_dim(history: int) -> int:
     return sum(n for _, n, _ in obs_terms(history))
+def term_slices(terms: tuple[tuple[str, int, str], ...]) -> dict[str, slice]:
+    ends = [sum(k for _, k, _ in terms[:i + 1]) for i in range(len(terms))]
+    return {name: slice(end - k, end) for (name, k, _), end in zip(terms, ends)}
+
+
 # Each term's columns in the observation, e.g. obs[:, OBS_SLICES["joint_vel"]].
-_ENDS = [sum(k for _, k, _ in OBS_TERMS[:i + 1]) for i in range(len(OBS_TERMS))]
-OBS_SLICES: dict[str, slice] = {name: slice(end - k, end) for (name, k, _), end in zip(OBS_TERMS, _ENDS)}
+OBS_SLICES: dict[str, slice] = term_slices(OBS_TERMS)
 ACTION_DIM = 5
+
+
+# What the critic alone observes with ReachCfg.critic_physics (an asymmetric actor-critic, as
+# Isaac Lab's "critic" observation group): the episode's drawn physics of the arm joints,
+# in units that keep each term near 1 so the observation normalizer's eps does not flatten it.
+# Never exported: the policy acts on `obs_terms` only.
+PRIVILEGED_TERMS: tuple[tuple[str, int, str], ...] = (
+    ("log_gain_scale", 5, "1"), ("coulomb", 5, "x servo"), ("viscous", 5, "x servo"),
+    ("friction_load", 5, "x servo"), ("armature", 5, "x servo"), ("deadband", 5, "ticks"),
+    ("mass_scale", 5, "1"), ("encoder_offset", 5, "ticks"), ("backlash", 5, "deg"),
+    ("payload", 1, "100 g"), ("pd", 1, "1"), ("log_pd_kp", 1, "log N m/rad"), ("pd_kv", 1, "N m s/rad"),
+    ("pd_damping", 1, "N m s/rad"), ("pd_force", 1, "N m"), ("latency", 1, "ticks"),
+)
+PRIVILEGED_DIM = sum(n for _, n, _ in PRIVILEGED_TERMS)
+PRIVILEGED_SLICES: dict[str, slice] = term_slices(PRIVILEGED_TERMS)   # within those columns
+
+
+def privileged_dim(cfg: ReachCfg) -> int:
+    """Columns the critic observes after the policy's observation."""
+    return PRIVILEGED_DIM if cfg.critic_physics else 0
 
 
 @dataclass
@@ -162,6 +186,8 @@ class ReachCfg:
     # Past control ticks the policy observes (readings and goals, obs_terms): what a policy
     # needs to tell a soft arm from a stiff one before it has moved. 0: the present only.
     obs_history: int = 0
+    # The critic also observes the episode's drawn physics (PRIVILEGED_TERMS); the policy does not.
+    critic_physics: bool = False
     servo: str = "servo/sts3215_7v4.yaml"       # relative to configs/
     # An identified arm (`soarm sysid`'s arm.yaml, relative to configs/ or absolute): the
     # randomization is centred on it (soarm/identified.py). None: on the nominal servo model.
@@ -373,6 +399,23 @@ def draw_physics(gen: torch.Generator, cfg: RandomizationCfg, servo, n: int, J: 
                  pd_kp=per_arm(kp), pd_kv=per_arm(inside * c), pd_damping=per_arm((1 - inside) * c),
                  pd_force=per_arm(uniform(gen, (n, 1), cfg.pd_force, device, dtype)))
     return drawn if centre is None else centre.physics(drawn, cfg.backlash_deg)
+
+
+def privileged(physics: dict[str, torch.Tensor], latency: torch.Tensor, servo, arm: torch.Tensor) -> torch.Tensor:
+    """The critic's view of each env's drawn physics [N, PRIVILEGED_DIM] (PRIVILEGED_TERMS),
+    from `draw_physics`'s fields [N, J] ([N, 1] payload) and the latency [N] (ticks)."""
+    ratio = lambda x, ref: x / ref if ref else x     # noqa: E731 - a servo model without the term
+    j = {k: v[:, arm].float() for k, v in physics.items() if k != "payload"}
+    one = lambda name: j[name][:, :1]                 # noqa: E731 - one drive per arm, the same on every joint
+    terms = {"log_gain_scale": j["gain_scale"].log(), "coulomb": ratio(j["coulomb"], servo.friction_coulomb),
+             "viscous": ratio(j["viscous"], servo.friction_viscous),
+             "friction_load": ratio(j["friction_load"], servo.friction_load),
+             "armature": ratio(j["armature"], servo.armature), "deadband": j["deadband"],
+             "mass_scale": j["mass_scale"], "encoder_offset": j["encoder_offset"] / TICK,
+             "backlash": torch.rad2deg(j["backlash"]), "payload": physics["payload"] * 10.0, "pd": one("pd"),
+             "log_pd_kp": one("pd_kp").log(), "pd_kv": one("pd_kv"), "pd_damping": one("pd_damping"),
+             "pd_force": one("pd_force"), "latency": latency[:, None].float()}
+    return torch.cat([terms[name] for name, _, _ in PRIVILEGED_TERMS], dim=-1)
 
 
 def draw_latency(gen: torch.Generator, cfg: RandomizationCfg, n: int, device,

@@ -30,8 +30,8 @@ from soarm.dynamics import ArmDynamics
 from soarm.episode_stats import EpisodeStats
 from soarm.identified import task_centre
 from soarm.reach import (ACTION_DIM, ReachCfg, action_to_goal, delay_goals, deviation_weights, draw_latency,
-                         draw_physics, draw_targets, full_pose, limit_clearance, max_latency, observe, push,
-                         rewards, sample_targets, terminations, uniform)
+                         draw_physics, draw_targets, full_pose, limit_clearance, max_latency, observe, privileged,
+                         privileged_dim, push, rewards, sample_targets, terminations, uniform)
 from soarm.servo import ServoConfig
 
 
@@ -47,16 +47,19 @@ class TaskState:
     steps: torch.Tensor            # [N] long, control steps into the episode
     past_readings: torch.Tensor    # [N, H, A] rad, the readings of the last H observations, newest first
     past_goals: torch.Tensor       # [N, H, A] rad, the goals commanded at those observations
+    privileged: torch.Tensor       # [N, P] the episode's physics as the critic sees it (P = 0: it does not)
 
     @classmethod
-    def zeros(cls, num_envs: int, num_actions: int, max_latency: int, history: int, device) -> TaskState:
+    def zeros(cls, num_envs: int, num_actions: int, max_latency: int, history: int, privileged: int,
+              device) -> TaskState:
         f = dict(device=device, dtype=torch.float32)
         arm = lambda: torch.zeros(num_envs, num_actions, **f)           # noqa: E731
         count = lambda: torch.zeros(num_envs, dtype=torch.long, device=device)   # noqa: E731
         past = lambda: torch.zeros(num_envs, history, num_actions, **f)  # noqa: E731
         return cls(target=torch.zeros(num_envs, 3, **f), last_action=arm(), goal=arm(),
                    goals_in_flight=torch.zeros(num_envs, max_latency + 1, num_actions, **f), latency=count(),
-                   last_reading=arm(), steps=count(), past_readings=past(), past_goals=past())
+                   last_reading=arm(), steps=count(), past_readings=past(), past_goals=past(),
+                   privileged=torch.zeros(num_envs, privileged, **f))
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -77,7 +80,7 @@ class StepOutcome:
     terminated: torch.Tensor       # the fingertip went below the floor, or the physics blew up
     truncated: torch.Tensor        # the episode's time ran out
     window_error: torch.Tensor     # m, the fingertip error where a target window ended, NaN elsewhere
-    final_obs: torch.Tensor        # [N, obs_dim] what each env observed as this step ended (before resets)
+    final_obs: torch.Tensor        # [N, obs_dim + P] what each env observed as this step ended (before resets)
     start: EpisodeStart            # the episodes that start where `done` (latencies already set)
 
     @property
@@ -103,7 +106,7 @@ class ReachTask:
                                                                           device=self.device)
         self.handed_out = 0                              # given targets handed out so far
         self.state = TaskState.zeros(num_envs, ACTION_DIM, max_latency(cfg.randomization, self.centre),
-                                     cfg.obs_history, self.device)
+                                     cfg.obs_history, privileged_dim(cfg), self.device)
         self.episodes = EpisodeStats(num_envs, self.device)
         self._action = self.state.last_action            # this step's action, between act and finish_step
 
@@ -152,10 +155,12 @@ class ReachTask:
                            start=self.draw_episodes(done))
 
     def observation(self, reading: torch.Tensor) -> torch.Tensor:
-        """The policy observation [N, obs_dim] from this reading (rad), without moving on."""
+        """The networks' input [N, obs_dim + P] from this reading (rad), without moving on: the
+        policy's observation, then what only the critic sees (soarm.reach.PRIVILEGED_TERMS)."""
         s = self.state
-        return observe(self.dyn, reading, s.last_reading, s.goal, s.target, s.last_action, self.cfg.control_hz,
-                       s.past_readings, s.past_goals)
+        obs = observe(self.dyn, reading, s.last_reading, s.goal, s.target, s.last_action, self.cfg.control_hz,
+                      s.past_readings, s.past_goals)
+        return torch.cat((obs, s.privileged), dim=-1) if s.privileged.shape[1] else obs
 
     def observe(self, reading: torch.Tensor) -> torch.Tensor:
         """The observation the policy acts on next; the next velocity differences against it
@@ -192,6 +197,9 @@ class ReachTask:
         s.past_readings = torch.where(mask[:, None, None], reading[:, None], s.past_readings)
         s.past_goals = torch.where(mask[:, None, None], reading[:, None], s.past_goals)
         s.steps = torch.where(mask, 0, s.steps)
+        if self.cfg.critic_physics:
+            drawn = privileged(start.physics, s.latency, self.servo.params, self.arm)
+            s.privileged = torch.where(m, drawn, s.privileged)
         self.episodes.reset(mask)
 
     def restart_targets(self) -> None:
@@ -226,6 +234,7 @@ class ReachTask:
             raise ValueError(f"task state holds {held} environments, this task has {self.num_envs}")
         self.gen.set_state(state["gen"])
         self.episodes.load_state_dict(state["episodes"])
-        fresh = TaskState.zeros(self.num_envs, ACTION_DIM, 0, self.cfg.obs_history, self.device).as_dict()
+        fresh = TaskState.zeros(self.num_envs, ACTION_DIM, 0, self.cfg.obs_history, privileged_dim(self.cfg),
+                                self.device).as_dict()
         self.state = TaskState(**{**fresh, **{k: v.to(self.device) for k, v in state["state"].items()}})
         self.handed_out = state["handed_out"]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from soarm.description import load_robot
-from soarm.reach import (OBS_DIM, OBS_SLICES, RewardCfg, action_to_goal, arm_limits, delay_goals, deviation_weights, draw_latency,
+from soarm.reach import (OBS_DIM, OBS_SLICES, PRIVILEGED_DIM, PRIVILEGED_SLICES, RewardCfg, action_to_goal, arm_limits, delay_goals, deviation_weights, draw_latency,
                          in_region, limit_clearance, obs_dim, rewards)
 from soarm.servo import TICK
 from soarm.training.env import ReachEnv
@@ -81,6 +81,36 @@ def test_truncation_and_auto_reset(task_cfg):
     assert not torch.equal(info["final_obs"], obs)         # final_obs is the pre-reset observation
     stats = env.pop_stats()
     assert stats["episodes"] == 8 and stats["truncated"] == 1.0
+
+
+def test_the_critic_sees_each_episodes_drawn_physics_and_the_policy_does_not(task_cfg):
+    """critic_physics: the env's observation is the policy's, unchanged (the same draws, the
+    same numbers), followed by the physics and latency each episode drew, renewed at restarts."""
+    short = dataclasses.replace(task_cfg, episode_s=task_cfg.command.resample_s)
+    plain, asym = ReachEnv(short, 6, seed=2), ReachEnv(dataclasses.replace(short, critic_physics=True), 6, seed=2)
+    n = plain.num_obs
+    assert (asym.num_obs, asym.num_privileged, plain.num_privileged) == (n, PRIVILEGED_DIM, 0)
+
+    def drawn(env):
+        ph = env.sim.physics
+        arm = env.arm
+        return {"log_gain": ph.gain_scale[:, arm].log(), "payload_100g": ph.payload[:, 0] * 10,
+                "latency": env.task.state.latency.float()}
+
+    g = torch.Generator().manual_seed(0)
+    seen_restart = False
+    for _ in range(short.episode_steps + 3):
+        action = torch.rand(6, 5, generator=g) * 2 - 1
+        a, *_ = plain.step(action)
+        b, _, _, trunc, _ = asym.step(action)
+        seen_restart |= bool(trunc.any())
+        assert b.shape == (6, n + PRIVILEGED_DIM) and torch.equal(b[:, :n], a)
+        priv, want = b[:, n:], drawn(asym)
+        cols = {k: priv[:, v] for k, v in PRIVILEGED_SLICES.items()}
+        assert torch.allclose(cols["log_gain_scale"], want["log_gain"])
+        assert torch.allclose(cols["payload"][:, 0], want["payload_100g"])
+        assert torch.equal(cols["latency"][:, 0], want["latency"])
+    assert seen_restart
 
 
 def test_stagger_spreads_episode_starts(task_cfg):

@@ -12,7 +12,7 @@ import torch
 from soarm import cli, contract
 from soarm.export.exporter import export
 from soarm.export.runtime import PolicyError, PolicyRuntime
-from soarm.reach import OBS_DIM, OBS_SLICES, obs_dim, obs_terms
+from soarm.reach import OBS_DIM, OBS_SLICES, PRIVILEGED_DIM, obs_dim, obs_terms
 from soarm.training import checkpoint
 from soarm.training.env import ReachEnv
 from soarm.training.evaluate import evaluate
@@ -127,6 +127,22 @@ def test_a_policy_with_a_history_runs_on_the_robot_path_as_in_the_sim(tmp_path, 
     state = checkpoint.load(tmp_path / "run")
     with torch.no_grad():
         a = evaluate(checkpoint.build_model(state).act_deterministic, task, targets=16, num_envs=8, progress=False)
+        b = evaluate(rt, task, targets=16, num_envs=8, progress=False)
+    assert abs(a["mean_error_m"] - b["mean_error_m"]) < 1e-4
+
+
+def test_a_critic_that_saw_the_physics_stays_out_of_the_file(tmp_path, task_cfg):
+    """critic_physics: the file holds the policy alone (its observation, its normalizer
+    statistics), and acts as the checkpoint does."""
+    task = dataclasses.replace(task_cfg, critic_physics=True)
+    Runner(tiny_cfg(2), tmp_path / "run", progress=False, task=task).learn()
+    export(tmp_path / "run", tmp_path / "policy.onnx", verify_count=200)
+    rt = PolicyRuntime(tmp_path / "policy.onnx")
+    assert rt.obs_dim == obs_dim(task.obs_history) == rt.contract["obs_dim"]
+    model = checkpoint.build_model(checkpoint.load(tmp_path / "run"))
+    assert model.input_dim == rt.obs_dim + PRIVILEGED_DIM
+    with torch.no_grad():
+        a = evaluate(model.act_deterministic, task, targets=16, num_envs=8, progress=False)
         b = evaluate(rt, task, targets=16, num_envs=8, progress=False)
     assert abs(a["mean_error_m"] - b["mean_error_m"]) < 1e-4
 

@@ -1,5 +1,7 @@
 """PPO pieces that can be checked exactly: the Gaussian, GAE, the first minibatch, the normalizer."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -67,6 +69,24 @@ def test_compiled_training_forward_is_the_deployed_network():
     torch.testing.assert_close(value16, ref_value.detach(), atol=0.05, rtol=0.05)
 
 
+def test_a_privileged_critic_reads_the_physics_and_the_actor_does_not():
+    """With privileged features after the policy's observation: the mean action and the
+    exported normalizer see the policy's columns only; the value reads all of them."""
+    torch.manual_seed(0)
+    model = ActorCritic(29, 5, PolicyCfg(), privileged_dim=7)
+    model.normalizer.update(torch.randn(256, 36) * 3 + 1)
+    obs = torch.randn(64, 36) * 3 + 1
+    other = obs.clone()
+    other[:, 29:] += 5.0
+    with torch.no_grad():
+        (mean, value), (mean_b, value_b) = model(obs), model(other)
+        assert torch.equal(mean, mean_b) and (value - value_b).abs().min() > 0
+        torch.testing.assert_close(model.act_deterministic(obs[:, :29]), mean)
+        deployed = model.policy_normalizer()
+        assert deployed.mean.shape == (29,) and torch.equal(deployed.var, model.normalizer.var[:29])
+        torch.testing.assert_close(model.actor(deployed(obs[:, :29])), mean)
+
+
 def slow_gae(rewards, values, dones, last_value, gamma, lam):
     T, N = rewards.shape
     adv = np.zeros((T, N))
@@ -108,7 +128,8 @@ def test_normalizer_matches_numpy():
 def _rollout(task_cfg, N=32, T=8, mixed_precision=False):
     torch.manual_seed(0)
     env = ReachEnv(task_cfg, N, seed=0, check_actions=False)
-    model = ActorCritic(env.num_obs, env.num_actions, PolicyCfg(actor_hidden=(32,), critic_hidden=(32,)))
+    model = ActorCritic(env.num_obs, env.num_actions, PolicyCfg(actor_hidden=(32,), critic_hidden=(32,)),
+                        env.num_privileged)
     model.normalizer.update(env.obs)          # non-trivial statistics, as after a first iteration
     cfg = PPOCfg(num_steps=T, minibatches=2, epochs=1, precision="bf16" if mixed_precision else "fp32")
     ppo = PPO(model, cfg, N, torch.device("cpu"), compile=False)
@@ -122,10 +143,11 @@ def _rollout(task_cfg, N=32, T=8, mixed_precision=False):
     return ppo
 
 
-@pytest.mark.parametrize("mixed_precision", [False, True])
-def test_first_minibatch_has_ratio_one_and_zero_kl(task_cfg, mixed_precision):
-    """Also in bf16: the rollout and the update run the network at the same precision."""
-    ppo = _rollout(task_cfg, mixed_precision=mixed_precision)
+@pytest.mark.parametrize("mixed_precision,critic_physics", [(False, False), (True, False), (False, True)])
+def test_first_minibatch_has_ratio_one_and_zero_kl(task_cfg, mixed_precision, critic_physics):
+    """Also in bf16: the rollout and the update run the network at the same precision; also
+    with a critic that observes the physics."""
+    ppo = _rollout(dataclasses.replace(task_cfg, critic_physics=critic_physics), mixed_precision=mixed_precision)
     s = ppo.storage
     with torch.no_grad():
         mean, value = ppo.model(s.flat("obs"), bf16=mixed_precision)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from soarm import config
-from soarm.reach import ACTION_DIM, ReachCfg, obs_dim
+from soarm.reach import ACTION_DIM, ReachCfg, obs_dim, privileged_dim
 from soarm.training.modules import ActorCritic, PolicyCfg
 from soarm.files import atomic_write
 
@@ -68,7 +68,8 @@ def task_cfg(state: dict) -> ReachCfg:
 def build_model(state: dict, device: str | torch.device = "cpu") -> ActorCritic:
     """The trained actor-critic, normalizer included, in eval mode."""
     policy_cfg = config.from_dict(PolicyCfg, state["cfg"]["policy"], f"{state['path']} (policy)")
-    model = ActorCritic(obs_dim(task_cfg(state).obs_history), ACTION_DIM, policy_cfg).to(device)
+    task = task_cfg(state)
+    model = ActorCritic(obs_dim(task.obs_history), ACTION_DIM, policy_cfg, privileged_dim(task)).to(device)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:

@@ -3,6 +3,8 @@
 API (what PPO needs, rsl_rl/Isaac Lab style, tensors on the env's device):
     obs = env.reset()
     obs, reward, terminated, truncated, info = env.step(actions)
+obs [N, num_obs + num_privileged]: the policy's observation, then what only the critic sees
+(ReachCfg.critic_physics; num_privileged = 0 without it).
 info["final_obs"] holds the observation each environment ended in (valid where it ended;
 PPO bootstraps time-outs from it); info["window_error"] the fingertip error (m) where a
 target window ended this step, NaN elsewhere. Episode statistics accumulate on the device without
@@ -16,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from soarm.description import RobotDescription, load_robot
-from soarm.reach import ACTION_DIM, ReachCfg, check_action, obs_dim
+from soarm.reach import ACTION_DIM, ReachCfg, check_action, obs_dim, privileged_dim
 from soarm.reach_task import EpisodeStart, ReachTask
 from soarm.sim import ArmSim
 
@@ -39,6 +41,7 @@ class ReachEnv:
                           pd_drives=rand.pd_share > 0, carries_payload=rand.payload_kg[1] > 0)
         self.dyn = self.sim.dyn
         self.num_obs, self.num_actions = obs_dim(cfg.obs_history), ACTION_DIM
+        self.num_privileged = privileged_dim(cfg)
         self.window = cfg.window_steps
         self.arm = self.task.arm
         self.obs = self.reset()

@@ -68,7 +68,19 @@ class Normalizer(nn.Module):
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) / (self.var.sqrt() + self.eps)
+        """x [..., n], n <= dim: normalized by the first n features' statistics."""
+        n = x.shape[-1]
+        return (x - self.mean[:n]) / (self.var[:n].sqrt() + self.eps)
+
+    def leading(self, dim: int) -> Normalizer:
+        """The statistics of the first `dim` features alone (the policy's part of the input)."""
+        if dim == len(self.mean):
+            return self
+        out = Normalizer(dim, self.eps).to(self.mean.device)
+        for name in ("mean", "var"):
+            getattr(out, name).copy_(getattr(self, name)[:dim])
+        out.count.copy_(self.count)
+        return out
 
     @torch.no_grad()
     def update(self, x: torch.Tensor, group=None, moments=None) -> None:
@@ -121,14 +133,18 @@ def mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
 
 
 class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs behind one observation normalizer."""
+    """Separate actor and critic MLPs behind one observation normalizer.
 
-    def __init__(self, obs_dim: int, action_dim: int, cfg: PolicyCfg):
+    The input is the policy's observation [.., obs_dim], then `privileged_dim` features only
+    the critic reads (an asymmetric actor-critic: the drawn physics, soarm.reach.PRIVILEGED_TERMS)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, cfg: PolicyCfg, privileged_dim: int = 0):
         super().__init__()
         self.obs_dim, self.action_dim = obs_dim, action_dim
-        self.normalizer = Normalizer(obs_dim)
+        self.input_dim = obs_dim + privileged_dim
+        self.normalizer = Normalizer(self.input_dim)
         self.actor = mlp([obs_dim, *cfg.actor_hidden, action_dim], cfg.activation, 0.01)
-        self.critic = mlp([obs_dim, *cfg.critic_hidden, 1], cfg.activation, 1.0)
+        self.critic = mlp([self.input_dim, *cfg.critic_hidden, 1], cfg.activation, 1.0)
         self.log_std = nn.Parameter(torch.full((action_dim,), math.log(cfg.init_std)))
 
     def actor_parameters(self) -> list[nn.Parameter]:
@@ -138,11 +154,16 @@ class ActorCritic(nn.Module):
         """(action mean [B, A], value [B]) of raw observations, as training runs them
         (`fused_mlp`); with `bf16` the hidden layers run in bfloat16."""
         x = self.normalizer(obs)
-        return fused_mlp.forward(self.actor, x, bf16), fused_mlp.forward(self.critic, x, bf16).squeeze(-1)
+        return (fused_mlp.forward(self.actor, x[..., :self.obs_dim], bf16),
+                fused_mlp.forward(self.critic, x, bf16).squeeze(-1))
 
     def value(self, obs: torch.Tensor, bf16: bool = False) -> torch.Tensor:
         return fused_mlp.forward(self.critic, self.normalizer(obs), bf16).squeeze(-1)
 
     def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        """The deployed policy: the mean action."""
+        """The deployed policy: the mean action, of the policy's observation [.., obs_dim]."""
         return self.actor(self.normalizer(obs))
+
+    def policy_normalizer(self) -> Normalizer:
+        """The normalizer of the policy's observation alone, as exported."""
+        return self.normalizer.leading(self.obs_dim)

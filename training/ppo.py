@@ -104,7 +104,7 @@ class PPO:
         self.model, self.cfg, self.device, self.group = model, cfg, device, group
         self.bf16 = use_bf16(cfg.precision, device)
         self.world = torch.distributed.get_world_size(group) if group is not None else 1
-        self.storage = RolloutStorage(cfg.num_steps, num_envs, model.obs_dim, model.action_dim, device)
+        self.storage = RolloutStorage(cfg.num_steps, num_envs, model.input_dim, model.action_dim, device)
         self.lr = torch.tensor(cfg.learning_rate, device=device)
         # Fused Adam takes the learning rate as a device tensor, so adapting it never syncs.
         self.optimizer = torch.optim.Adam(model.parameters(), lr=self.lr, fused=True)
@@ -279,7 +279,7 @@ class PPO:
         try:
             s = self.storage
             with torch.no_grad():       # as in the rollout: grad mode is part of the compiled guard
-                obs = torch.zeros(s.N, self.model.obs_dim, device=self.device)
+                obs = torch.zeros(s.N, self.model.input_dim, device=self.device)
                 self._act(obs, torch.zeros(s.N, self.model.action_dim, device=self.device))
                 self._gae(s.rewards, s.values, s.dones, torch.zeros_like(s.rewards[0]), self.cfg.gamma, self.cfg.lam)
                 self._moments(s.obs)

@@ -10,12 +10,13 @@ from __future__ import annotations
 from soarm.training.runner import TrainCfg
 
 
-def rsl_rl_train_cfg(cfg: TrainCfg, mixed_precision: bool = False) -> dict:
+def rsl_rl_train_cfg(cfg: TrainCfg, mixed_precision: bool = False, privileged: bool = False) -> dict:
+    """`privileged`: the env's observations hold a "critic" group (the task's critic_physics)."""
     p, pol = cfg.ppo, cfg.policy
     model = {"class_name": "MLPModel", "activation": pol.activation, "obs_normalization": True}
     return {
         "num_steps_per_env": p.num_steps, "max_iterations": cfg.run.iterations, "save_interval": cfg.run.save_every,
-        "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
+        "obs_groups": {"actor": ["policy"], "critic": ["critic" if privileged else "policy"]},
         "algorithm": {"class_name": "PPO", "num_learning_epochs": p.epochs, "num_mini_batches": p.minibatches,
                       "clip_param": p.clip, "gamma": p.gamma, "lam": p.lam, "value_loss_coef": p.value_coef,
                       "entropy_coef": p.entropy_coef, "learning_rate": p.learning_rate,

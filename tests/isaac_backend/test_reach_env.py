@@ -3,6 +3,7 @@ network: the SO-101 reach task as an Isaac Lab DirectRLEnv on Newton (MuJoCo-War
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import math
@@ -61,13 +62,16 @@ def test_steps_resets_and_joint_targets_move_the_arm():
         env.close()
 
 
-def test_our_ppo_trains_two_iterations_on_it(tmp_path):
+@pytest.mark.parametrize("critic_physics", [False, True])
+def test_our_ppo_trains_two_iterations_on_it(tmp_path, critic_physics):
     from soarm.training.runner import Runner, TrainCfg
 
     cfg = config.from_dict(TrainCfg, {"run": {"sim": "isaaclab", "num_envs": 8, "iterations": 2, "compile": False,
                                               "eval_targets": 0, "out_dir": str(tmp_path)},
                                       "ppo": {"num_steps": 8, "minibatches": 2, "epochs": 2}})
-    runner = Runner(cfg, tmp_path / "run", progress=False)
+    task = dataclasses.replace(config.load(ReachCfg, CONFIG_DIR / cfg.task), critic_physics=critic_physics)
+    runner = Runner(cfg, tmp_path / "run", progress=False, task=task)
+    assert runner.model.input_dim == runner.model.obs_dim + runner.env.num_privileged
     try:
         row = runner.learn()
     finally:
@@ -119,18 +123,21 @@ def test_same_joint_targets_give_the_same_fingertip_path_in_both_backends(tmp_pa
         env.close()
 
 
-def test_both_backends_compute_the_same_task_from_the_same_readings(monkeypatch):
+def test_both_backends_compute_the_same_task_from_the_same_readings(monkeypatch, tmp_path):
     """Conformance: the embedded env and the Isaac Lab env, same task file and seed, fed the
     same encoder readings and joint angles (their own physics still runs underneath, unread)
     and the same actions, for more than an episode with staggered starts, a blown-up arm
     and time-outs: the same observations, rewards, ends, window errors, task state (targets,
-    goals, latencies, counters) and, at every restart, the same randomization applied."""
+    goals, latencies, counters) and, at every restart, the same randomization applied. The
+    task's critic observes the physics, so Isaac Lab's "critic" group is checked too."""
     from soarm.reach import full_pose
     from soarm.servo import quantize
     from soarm.training.env import ReachEnv
+    from soarm.training.isaac.vec_env import network_input
 
-    N, seed, task_file = 6, 4, CONFIG_DIR / "task" / "reach.yaml"
-    task = config.load(ReachCfg, task_file)
+    N, seed = 6, 4
+    task = dataclasses.replace(config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml"), critic_physics=True)
+    task_file = config.dump(task, tmp_path / "task.yaml")
     ours, isaac = ReachEnv(task, N, seed=seed), make_env(N, task_file, seed=seed)
     try:
         robot, tick = load_robot(), [0]
@@ -149,7 +156,7 @@ def test_both_backends_compute_the_same_task_from_the_same_readings(monkeypatch)
         for env in (ours, isaac):
             monkeypatch.setattr(env, "reading", reading)
             monkeypatch.setattr(env, "joint_angles", joint_angles)
-        o_ours, o_isaac = ours.reset(), isaac.reset()[0]["policy"]
+        o_ours, o_isaac = ours.reset(), network_input(isaac.reset()[0])
         ours.stagger(24), isaac.task.stagger(24)
 
         def same(a, b, what):
@@ -172,11 +179,12 @@ def test_both_backends_compute_the_same_task_from_the_same_readings(monkeypatch)
             o1, r1, te1, tr1, i1 = ours.step(a)
             o2, r2, te2, tr2, i2 = isaac.step(a)
             what = f"step {k}"
-            same(o1, o2["policy"], f"{what}, observation")
+            same(o1, network_input(o2), f"{what}, observation and the critic's physics")
+            same(o1[:, :ours.num_obs], o2["policy"], f"{what}, the policy's observation")
             same(r1, r2, f"{what}, reward")
             same(te1, te2, f"{what}, terminated")
             same(tr1, tr2, f"{what}, truncated")
-            same(i1["final_obs"], i2["final_obs"]["policy"], f"{what}, final observation")
+            same(i1["final_obs"], network_input(i2["final_obs"]), f"{what}, final observation")
             same(i1["window_error"], i2["window_error"], f"{what}, window error")
             for name, value in ours.task.state.as_dict().items():
                 same(value, getattr(isaac.task.state, name), f"{what}, task state {name}")

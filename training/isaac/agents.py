@@ -8,6 +8,7 @@ from isaaclab.utils import configclass
 from isaaclab_rl.rsl_rl import RslRlMLPModelCfg, RslRlOnPolicyRunnerCfg, RslRlPpoAlgorithmCfg
 
 from soarm import CONFIG_DIR, config
+from soarm.reach import ReachCfg
 from soarm.training.rsl_rl_cfg import rsl_rl_train_cfg
 from soarm.training.runner import TrainCfg
 
@@ -30,7 +31,9 @@ class SO101ReachPPORunnerCfg(RslRlOnPolicyRunnerCfg):
     obs_groups: dict = {}
 
     def __post_init__(self):
-        d = rsl_rl_train_cfg(config.load(TrainCfg, CONFIG_DIR / "train" / "reach.yaml"))
+        train = config.load(TrainCfg, CONFIG_DIR / "train" / "reach.yaml")
+        task = config.load(ReachCfg, CONFIG_DIR / train.task)
+        d = rsl_rl_train_cfg(train, privileged=task.critic_physics)
         self.num_steps_per_env, self.max_iterations = d["num_steps_per_env"], d["max_iterations"]
         self.save_interval, self.obs_groups = d["save_interval"], d["obs_groups"]
         self.actor, self.critic = _model(d["actor"]), _model(d["critic"])

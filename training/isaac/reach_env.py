@@ -71,7 +71,7 @@ class SO101ReachEnv(DirectRLEnv):
         self.outcome = self.task.finish_step(self.reading(), self.joint_angles())
         self.starts = self.outcome.start
         # Ours, not Isaac Lab's compute_final_obs: that would observe twice per step.
-        self.extras["final_obs"] = {"policy": self.outcome.final_obs}
+        self.extras["final_obs"] = self._groups(self.outcome.final_obs)
         self.extras["window_error"] = self.outcome.window_error
         return self.outcome.terminated, self.outcome.truncated
 
@@ -84,7 +84,14 @@ class SO101ReachEnv(DirectRLEnv):
         return out
 
     def _get_observations(self) -> dict:
-        return {"policy": self.task.observe(self.reading())}
+        return self._groups(self.task.observe(self.reading()))
+
+    def _groups(self, x: torch.Tensor) -> dict:
+        """Isaac Lab's observation groups of the task's network input: "policy" what the
+        policy observes; "critic" (an asymmetric actor-critic) that and the drawn physics."""
+        if not self.cfg.state_space:
+            return {"policy": x}
+        return {"policy": x[:, :self.cfg.observation_space], "critic": x}
 
     # ------------------------------------------------------------ reset
     def _reset_idx(self, env_ids: Sequence[int] | torch.Tensor | None):

@@ -17,7 +17,7 @@ from isaaclab_newton.physics import MJWarpSolverCfg, NewtonCfg
 
 from soarm import CONFIG_DIR, config
 from soarm.description import load_robot
-from soarm.reach import ACTION_DIM, OBS_DIM, ReachCfg, obs_dim
+from soarm.reach import ACTION_DIM, OBS_DIM, ReachCfg, obs_dim, privileged_dim
 from soarm.training.isaac.asset import articulation_cfg, usd_path
 
 
@@ -49,6 +49,7 @@ class SO101ReachEnvCfg(DirectRLEnvCfg):
         dt = 1.0 / (task.control_hz * task.substeps)          # as the embedded simulator steps
         self.decimation, self.episode_length_s = task.substeps, task.episode_s
         self.observation_space = obs_dim(task.obs_history)
+        self.state_space = self.observation_space + privileged_dim(task) if task.critic_physics else 0
         self.sim.dt, self.sim.render_interval, self.sim.device = dt, task.substeps, self.device
         self.sim.physics.use_cuda_graph = self.device.startswith("cuda")
         self.scene.robot = articulation_cfg(load_robot(), usd_path(), task.servo, dt)

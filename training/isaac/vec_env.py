@@ -17,12 +17,13 @@ class IsaacReachEnv:
         self.env = SO101ReachEnv(cfg)
         self.num_envs, self.device = num_envs, self.env.device
         self.num_obs, self.num_actions = cfg.observation_space, cfg.action_space
-        self.obs = self.env.reset()[0]["policy"]
+        self.num_privileged = cfg.state_space - cfg.observation_space if cfg.state_space else 0
+        self.obs = network_input(self.env.reset()[0])
 
     def step(self, actions: torch.Tensor):
         obs, reward, terminated, truncated, extras = self.env.step(actions)
-        self.obs = obs["policy"]
-        return self.obs, reward, terminated, truncated, {"final_obs": extras["final_obs"]["policy"],
+        self.obs = network_input(obs)
+        return self.obs, reward, terminated, truncated, {"final_obs": network_input(extras["final_obs"]),
                                                           "window_error": extras["window_error"]}
 
     def stagger(self, quantum: int) -> None:
@@ -39,3 +40,9 @@ class IsaacReachEnv:
     def load_state_dict(self, state: dict) -> None:
         if state.get("num_envs") != self.num_envs:
             raise ValueError(f"checkpoint has {state.get('num_envs')} environments, this run {self.num_envs}")
+
+
+def network_input(groups: dict) -> torch.Tensor:
+    """What our networks read (training/env.py): the critic's group where the env has one,
+    as it holds the policy's observation first."""
+    return groups.get("critic", groups["policy"])
