@@ -59,6 +59,8 @@ def obs_terms(history: int) -> tuple[tuple[str, int, str], ...]:
 
 def obs_dim(history: int) -> int:
     return sum(n for _, n, _ in obs_terms(history))
+
+
 def term_slices(terms: tuple[tuple[str, int, str], ...]) -> dict[str, slice]:
     ends = [sum(k for _, k, _ in terms[:i + 1]) for i in range(len(terms))]
     return {name: slice(end - k, end) for (name, k, _), end in zip(terms, ends)}

@@ -160,7 +160,7 @@ class ReachTask:
         s = self.state
         obs = observe(self.dyn, reading, s.last_reading, s.goal, s.target, s.last_action, self.cfg.control_hz,
                       s.past_readings, s.past_goals)
-        return torch.cat((obs, s.privileged), dim=-1) if s.privileged.shape[1] else obs
+        return torch.cat((obs, s.privileged), dim=-1) if self.cfg.critic_physics else obs
 
     def observe(self, reading: torch.Tensor) -> torch.Tensor:
         """The observation the policy acts on next; the next velocity differences against it

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from soarm.description import load_robot
-from soarm.reach import (OBS_DIM, OBS_SLICES, PRIVILEGED_DIM, PRIVILEGED_SLICES, RewardCfg, action_to_goal, arm_limits, delay_goals, deviation_weights, draw_latency,
-                         in_region, limit_clearance, obs_dim, rewards)
+from soarm.reach import (OBS_DIM, OBS_SLICES, PRIVILEGED_DIM, PRIVILEGED_SLICES, RewardCfg, action_to_goal,
+                         arm_limits, delay_goals, deviation_weights, draw_latency, in_region, limit_clearance,
+                         obs_dim, rewards)
 from soarm.servo import TICK
 from soarm.training.env import ReachEnv
 from soarm.training.evaluate import evaluate

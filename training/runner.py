@@ -166,7 +166,8 @@ class Runner:
             self.env = ReachEnv(self.task, cfg.run.num_envs, device=device, seed=seed, check_actions=False)
             if cfg.run.compile:
                 self.env.sim.compile()
-        self.model = ActorCritic(self.env.num_obs, self.env.num_actions, cfg.policy, self.env.num_privileged).to(self.device)
+        self.model = ActorCritic(self.env.num_obs, self.env.num_actions, cfg.policy,
+                                 self.env.num_privileged).to(self.device)
         if self.dist.world > 1:
             for t in self.model.state_dict().values():
                 torch.distributed.broadcast(t, src=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from soarm.reach import privileged_dim
 from soarm.training.isaac.reach_env import SO101ReachEnv
 from soarm.training.isaac.reach_env_cfg import SO101ReachEnvCfg
 
@@ -17,7 +18,7 @@ class IsaacReachEnv:
         self.env = SO101ReachEnv(cfg)
         self.num_envs, self.device = num_envs, self.env.device
         self.num_obs, self.num_actions = cfg.observation_space, cfg.action_space
-        self.num_privileged = cfg.state_space - cfg.observation_space if cfg.state_space else 0
+        self.num_privileged = privileged_dim(self.env.task.cfg)
         self.obs = network_input(self.env.reset()[0])
 
     def step(self, actions: torch.Tensor):
