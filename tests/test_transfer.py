@@ -9,7 +9,7 @@ import torch
 from soarm import REPO_ROOT, cli
 from soarm.description import with_payload
 from soarm.reach import full_pose
-from soarm.robot.transfer import PLANTS, parse_plants, run_suite
+from soarm.robot.transfer import PLANTS, jitter, parse_plants, run_suite
 
 POLICY = REPO_ROOT / "data" / "policies" / "reach.onnx"
 
@@ -35,8 +35,17 @@ def test_suite_runs_the_policy_on_our_plant_and_on_mujoco(tmp_path):
     for row in rows.values():
         assert row["targets"] == 4 and math.isfinite(row["mean_error_m"]) and row["torque_off_ticks"] == 0
     assert rows["nominal"]["mean_error_m"] < 0.01                          # the shipped policy reaches
+    assert rows["nominal"]["jitter_m"] < 1e-3                              # and holds still there
     assert rows["nominal"]["ratio_to_nominal"] == 1.0
     assert rows["mujoco"]["mean_error_m"] != rows["nominal"]["mean_error_m"]
+
+
+def test_jitter_is_the_fingertips_rms_motion_about_where_it_holds():
+    still = np.zeros((10, 2, 3))
+    chatter = still.copy()
+    chatter[::2, 1, 0], chatter[1::2, 1, 0] = 0.002, -0.002               # arm 1 flips 2 mm each tick
+    chatter[:, :, 2] = 0.2                                                 # where it holds does not count
+    assert jitter(chatter) == pytest.approx([0.0, 0.002])
 
 
 def test_same_targets_and_seed_give_the_same_figures():
