@@ -12,9 +12,10 @@ report, which is all a policy can act on (a calibration error is invisible to it
 true error cannot fall below what the offsets alone put between the two). The posture check
 is each arm joint's distance to its limits there; the jitter, how much the fingertip still
 moves over the window's last ticks. Plants (PLANTS): our training plant (ArmSim with the
-STS3215 model) nominal, with the training randomization and with one perturbation each; TheRobotStudio's published
-MJCF in MuJoCo as published and with its actuators 0.5-50x as stiff. Named on request
-(`plant_spec`): an emulated arm's hidden perturbation, and an arm `soarm sysid` identified.
+STS3215 model) nominal, with the training randomization and with one perturbation each;
+TheRobotStudio's published MJCF in MuJoCo as published and with its actuators 0.5-50x as
+stiff. Named on request (`plant_spec`): an emulated arm's hidden perturbation, and an arm
+`soarm sysid` identified.
 """
 
 from __future__ import annotations
