@@ -65,4 +65,6 @@ class EpisodeStats:
         return {"ret": self.ret, "terms": dict(self.terms)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.ret, self.terms = state["ret"], dict(state["terms"])
+        """Onto this instance's device (a checkpoint is read on the CPU)."""
+        device = self.ret.device
+        self.ret, self.terms = state["ret"].to(device), {k: v.to(device) for k, v in state["terms"].items()}

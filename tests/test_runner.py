@@ -51,6 +51,18 @@ def test_resume_continues_the_same_run(tmp_path):
             "task/fingertip_error")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")
+def test_a_cpu_checkpoint_resumes_on_the_gpu(tmp_path):
+    """A checkpoint is read on the CPU; every part of the environment's state must land on
+    the run's device (the sim's and the episode statistics' once stayed on the CPU)."""
+    Runner(tiny_cfg(2), tmp_path, progress=False).learn()
+    resumed = Runner(tiny_cfg(4, device="cuda"), tmp_path, resume=checkpoint.load(tmp_path), progress=False)
+    resumed.learn()
+    assert resumed.iteration == 4
+    assert resumed.env.sim.q.is_cuda and resumed.env.sim.physics.gain_scale.is_cuda
+    assert resumed.env.task.episodes.ret.is_cuda
+
+
 def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     runner = Runner(tiny_cfg(2), tmp_path, progress=False)
     runner.learn()
