@@ -4,11 +4,11 @@ Peers: rsl_rl as it ships (fp32) and rsl_rl with its own bf16 autocast of the up
 (`use_mixed_precision`), since ours runs its matmuls in bf16 where the CPU does them natively.
 All trainers get their own copy of the same env (same seed, physics compiled for both),
 the network sizes, rollout length, epochs, minibatches, PPO coefficients and observation
-normalization of configs/train/reach.yaml, and the same CPU threads. Rounds alternate
+normalization of configs/train/reach.yaml, and the same device and CPU threads. Rounds alternate
 (ours, rsl_rl, ours, ...) so drifts of the machine hit both. Each side's collection and
 update times come from its own runner's timers.
 
-    python benchmarks/ppo_vs_rsl_rl.py [--envs 4096] [--rounds 3] [--iterations 4]
+    python benchmarks/ppo_vs_rsl_rl.py [--envs 4096] [--rounds 3] [--iterations 4] [--device cuda]
     python benchmarks/ppo_vs_rsl_rl.py --learn --seeds 0 1 2 --learn-iterations 150 [--sides ours rsl_rl]
 
 Prints JSON: env-steps/s (collection, update, total) for each and our/rsl_rl ratios;
@@ -71,11 +71,11 @@ def rsl_rl_runner(cfg: TrainCfg, env_seed: int, mixed_precision: bool = False):
             return self._td(obs), reward, terminated | truncated, {"time_outs": truncated, "log": {}}
 
     task = config.load(ReachCfg, CONFIG_DIR / cfg.task)
-    env = ReachEnv(task, cfg.run.num_envs, seed=env_seed, check_actions=False)
+    env = ReachEnv(task, cfg.run.num_envs, device=cfg.run.device, seed=env_seed, check_actions=False)
     env.sim.compile()
     train_cfg = {**rsl_rl_train_cfg(cfg, mixed_precision, task.critic_physics), "save_interval": 10**9,
                  "check_for_nan": False}
-    runner = OnPolicyRunner(Adapter(env), train_cfg, log_dir=None, device="cpu")
+    runner = OnPolicyRunner(Adapter(env), train_cfg, log_dir=None, device=cfg.run.device)
     timings: list[tuple[float, float]] = []
     log = runner.logger.log
 
@@ -198,6 +198,7 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=CONFIG_DIR / "train" / "reach.yaml")
     ap.add_argument("--envs", type=int, default=None, help="default: the config's num_envs")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=4, help="timed iterations per round and side")
     ap.add_argument("--warmup", type=int, default=2)
@@ -210,7 +211,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = config.load(TrainCfg, args.config)
-    cfg.run.threads = args.threads
+    cfg.run.threads, cfg.run.device = args.threads, args.device
     if args.envs:
         cfg.run.num_envs = args.envs
     import rsl_rl  # noqa: F401 - fail early if the bench extra is missing
@@ -220,7 +221,7 @@ def main() -> None:
     head = {"num_envs": cfg.run.num_envs, "steps_per_env": cfg.ppo.num_steps, "epochs": cfg.ppo.epochs,
             "minibatches": cfg.ppo.minibatches, "actor": list(cfg.policy.actor_hidden),
             "critic": list(cfg.policy.critic_hidden), "obs_normalization": True, "threads": args.threads,
-            "device": "cpu", "torch": torch.__version__, "rsl_rl_version": version("rsl-rl-lib")}
+            "device": args.device, "torch": torch.__version__, "rsl_rl_version": version("rsl-rl-lib")}
     if args.learn:
         result = {**head, **learning(cfg, args.seeds, args.learn_iterations, args.targets, args.sides)}
     else:
