@@ -118,6 +118,11 @@ class RewardCfg:
     tanh_fine: float = 0.01            # m
     action_rate: float = -0.01         # * |a_t - a_{t-1}|^2
     joint_vel: float = -0.001          # * |measured joint velocity|^2
+    # weight * |measured joint velocity|^2 on each target window's last settle_ticks control
+    # ticks only: the arm should hold still where the window is judged, without slowing the
+    # reach itself (what joint_vel prices).
+    settle: float = 0.0
+    settle_ticks: int = 10
     # weight * |measured - home| (rad) per named arm joint (Isaac Lab's joint_deviation_l1).
     # Five joints place a 3-D point, so the arm has redundant directions that nothing else
     # prices; relative targets integrate any bias of the policy into drift along them.
@@ -133,6 +138,8 @@ class RewardCfg:
     def validate(self) -> None:
         if not self.limit_margin >= 0:
             raise ValueError("reward.limit_margin: must not be negative")
+        if self.settle_ticks < 1:
+            raise ValueError("reward.settle_ticks: must be at least 1")
 
 
 @dataclass
@@ -211,6 +218,9 @@ class ReachCfg:
             raise ValueError("obs_history: must be in 0..30 control ticks")
         if not self.episode_s >= self.command.resample_s:
             raise ValueError("episode_s: must hold at least one target window")
+        if self.reward.settle_ticks > self.window_steps:
+            raise ValueError(f"reward.settle_ticks: {self.reward.settle_ticks} is longer than a target window "
+                             f"({self.window_steps} ticks)")
 
     @property
     def substeps(self) -> int:
@@ -350,21 +360,30 @@ def limit_clearance(robot: RobotDescription, arm_q: torch.Tensor) -> torch.Tenso
 
 def rewards(cfg: RewardCfg, *, error: torch.Tensor, action: torch.Tensor, last_action: torch.Tensor,
             joint_pos: torch.Tensor, joint_vel: torch.Tensor, clearance: torch.Tensor, deviation: torch.Tensor,
-            below_floor: torch.Tensor) -> dict[str, torch.Tensor]:
+            below_floor: torch.Tensor, settling: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-term rewards [N] (already weighted); their sum is the step reward. `joint_pos`
     is measured minus home, `clearance` the measured `limit_clearance`, `deviation` the
-    `deviation_weights`."""
+    `deviation_weights`, `settling` [N] bool: this tick is one of its window's last
+    `settle_ticks`."""
     dist = error.norm(dim=-1)
+    speed = joint_vel.square().sum(-1)
     return {
         "position_l2": cfg.position_l2 * dist,
         "position_tanh": cfg.position_tanh * (1 - torch.tanh(dist / cfg.tanh_coarse)),
         "position_fine": cfg.position_fine * (1 - torch.tanh(dist / cfg.tanh_fine)),
         "action_rate": cfg.action_rate * (action - last_action).square().sum(-1),
-        "joint_vel": cfg.joint_vel * joint_vel.square().sum(-1),
+        "joint_vel": cfg.joint_vel * speed,
+        "settle": cfg.settle * speed * settling.to(speed.dtype),
         "joint_deviation": joint_pos.abs() @ deviation,
         "joint_limit": cfg.joint_limit * (cfg.limit_margin - clearance).clamp(min=0).sum(-1),
         "floor": cfg.floor * below_floor.to(error.dtype),
     }
+
+
+def settling(steps: torch.Tensor, cfg: ReachCfg) -> torch.Tensor:
+    """[N] bool: the tick being scored, the episode's `steps`-th (from 0), is one of its target
+    window's last `reward.settle_ticks`; the last of them is the window's end."""
+    return steps % cfg.window_steps >= cfg.window_steps - cfg.reward.settle_ticks
 
 
 def uniform(gen: torch.Generator, shape, bounds: tuple[float, float], device, dtype) -> torch.Tensor:

@@ -31,7 +31,7 @@ from soarm.episode_stats import EpisodeStats
 from soarm.identified import task_centre
 from soarm.reach import (ACTION_DIM, ReachCfg, action_to_goal, delay_goals, deviation_weights, draw_latency,
                          draw_physics, draw_targets, full_pose, limit_clearance, max_latency, observe, privileged,
-                         privileged_dim, push, rewards, sample_targets, terminations, uniform)
+                         privileged_dim, push, rewards, sample_targets, settling, terminations, uniform)
 from soarm.servo import ServoConfig
 
 
@@ -138,7 +138,8 @@ class ReachTask:
         terminated, below = terminations(cfg.reward, tip, joint_angles)
         terms = rewards(cfg.reward, error=error, action=self._action, last_action=s.last_action,
                         joint_pos=reading - self.home, joint_vel=(reading - s.last_reading) * cfg.control_hz,
-                        clearance=limit_clearance(self.robot, reading), deviation=self.deviation, below_floor=below)
+                        clearance=limit_clearance(self.robot, reading), deviation=self.deviation, below_floor=below,
+                        settling=settling(s.steps, cfg))
         reward = torch.stack(list(terms.values())).sum(0)
         s.last_action = self._action
         final_obs = self.observation(reading)

@@ -6,7 +6,7 @@ import torch
 from soarm.description import load_robot
 from soarm.reach import (OBS_DIM, OBS_SLICES, PRIVILEGED_DIM, PRIVILEGED_SLICES, RewardCfg, action_to_goal,
                          arm_limits, delay_goals, deviation_weights, draw_latency, in_region, limit_clearance,
-                         obs_dim, rewards)
+                         obs_dim, rewards, settling)
 from soarm.servo import TICK
 from soarm.training.env import ReachEnv
 from soarm.training.evaluate import evaluate
@@ -135,7 +135,7 @@ def test_joint_deviation_holds_only_the_named_joints(task_cfg):
     zeros = torch.zeros(2, 5)
     terms = rewards(task_cfg.reward, error=torch.zeros(2, 3), action=zeros, last_action=zeros, joint_pos=joint_pos,
                     joint_vel=zeros, clearance=torch.ones(2, 5), deviation=weights,
-                    below_floor=torch.zeros(2, dtype=torch.bool))
+                    below_floor=torch.zeros(2, dtype=torch.bool), settling=torch.zeros(2, dtype=torch.bool))
     roll_weight = task_cfg.reward.joint_deviation["wrist_roll"]
     assert roll_weight < 0
     torch.testing.assert_close(terms["joint_deviation"], torch.tensor([0.5 * roll_weight, 0.0]))
@@ -154,8 +154,23 @@ def test_joint_limit_term_prices_only_the_soft_limit_band():
     zeros = torch.zeros(3, 5)
     terms = rewards(cfg, error=torch.zeros(3, 3), action=zeros, last_action=zeros, joint_pos=zeros, joint_vel=zeros,
                     clearance=limit_clearance(robot, q), deviation=torch.zeros(5),
-                    below_floor=torch.zeros(3, dtype=torch.bool))
+                    below_floor=torch.zeros(3, dtype=torch.bool), settling=torch.zeros(3, dtype=torch.bool))
     torch.testing.assert_close(terms["joint_limit"], torch.tensor([0.0, -0.2, 0.0]), atol=1e-5, rtol=0)
+
+
+def test_settle_prices_joint_speed_only_on_a_windows_last_ticks(task_cfg):
+    cfg = dataclasses.replace(task_cfg, reward=dataclasses.replace(task_cfg.reward, settle=-0.5, settle_ticks=10))
+    window = cfg.window_steps
+    steps = torch.tensor([0, window - 11, window - 10, window - 1, window, 2 * window - 1])
+    assert settling(steps, cfg).tolist() == [False, False, True, True, False, True]
+    assert ((steps + 1) % window == 0).tolist() == [False, False, False, True, False, True]   # its last: the window's end
+    vel, zeros = torch.full((2, 5), 2.0), torch.zeros(2, 5)
+    terms = rewards(cfg.reward, error=torch.zeros(2, 3), action=zeros, last_action=zeros, joint_pos=zeros,
+                    joint_vel=vel, clearance=torch.ones(2, 5), deviation=torch.zeros(5),
+                    below_floor=torch.zeros(2, dtype=torch.bool), settling=torch.tensor([True, False]))
+    torch.testing.assert_close(terms["settle"], torch.tensor([-0.5 * 20.0, 0.0]))
+    with pytest.raises(ValueError, match="settle_ticks"):
+        dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, settle_ticks=window + 1)).validate()
 
 
 def test_goal_cannot_wind_up_past_max_relative_target():
