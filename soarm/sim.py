@@ -104,14 +104,13 @@ class ArmSim:
         """Restore `state_dict()`'s output onto this sim's device (a checkpoint is read on the
         CPU and may come from another device)."""
         device = self.q.device
-        here = lambda v: v.to(device) if torch.is_tensor(v) else v   # noqa: E731
-        self.q, self.qd, self.goal = here(state["q"]), here(state["qd"]), here(state["goal"])
-        self.slack, self.motor_vel = here(state["slack"]), here(state["motor_vel"])
+        self.q, self.qd, self.goal = (state[k].to(device) for k in ("q", "qd", "goal"))
+        self.slack, self.motor_vel = state["slack"].to(device), state["motor_vel"].to(device)
         for k, v in state["firmware"].items():
-            setattr(self.firmware, k, here(v))
+            setattr(self.firmware, k, v.to(device))
         # A checkpoint from before a Physics field existed keeps this sim's (nominal) value for it.
         self.physics = Physics(**{**dataclasses.asdict(self.physics),
-                                  **{k: here(v) for k, v in state["physics"].items()}})
+                                  **{k: v.to(device) for k, v in state["physics"].items()}})
 
     def reset(self, mask: torch.Tensor, q: torch.Tensor) -> None:
         """Place environments `mask` at rest at q, torque on with goal := present."""
