@@ -123,6 +123,12 @@ class RewardCfg:
     # reach itself (what joint_vel prices).
     settle: float = 0.0
     settle_ticks: int = 10
+    # weight * (1 - tanh(err / tanh_end)) on the same last settle_ticks: the error each window
+    # is judged on, rewarded on a scale between the two above, so that an arm stuck a centimetre
+    # or two off (a soft or loaded drive) still gains by closing in where position_fine is flat
+    # and position_tanh barely slopes. Bounded, so a window far off is not worth ending early.
+    position_end: float = 0.0
+    tanh_end: float = 0.03             # m
     # weight * |measured - home| (rad) per named arm joint (Isaac Lab's joint_deviation_l1).
     # Five joints place a 3-D point, so the arm has redundant directions that nothing else
     # prices; relative targets integrate any bias of the policy into drift along them.
@@ -140,6 +146,8 @@ class RewardCfg:
             raise ValueError("reward.limit_margin: must not be negative")
         if self.settle_ticks < 1:
             raise ValueError("reward.settle_ticks: must be at least 1")
+        if not min(self.tanh_coarse, self.tanh_fine, self.tanh_end) > 0:
+            raise ValueError("reward.tanh_coarse/tanh_fine/tanh_end: must be positive (m)")
 
 
 @dataclass
@@ -374,6 +382,7 @@ def rewards(cfg: RewardCfg, *, error: torch.Tensor, action: torch.Tensor, last_a
         "action_rate": cfg.action_rate * (action - last_action).square().sum(-1),
         "joint_vel": cfg.joint_vel * speed,
         "settle": cfg.settle * speed * settling.to(speed.dtype),
+        "position_end": cfg.position_end * (1 - torch.tanh(dist / cfg.tanh_end)) * settling.to(dist.dtype),
         "joint_deviation": joint_pos.abs() @ deviation,
         "joint_limit": cfg.joint_limit * (cfg.limit_margin - clearance).clamp(min=0).sum(-1),
         "floor": cfg.floor * below_floor.to(error.dtype),

@@ -1,4 +1,5 @@
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -169,8 +170,16 @@ def test_settle_prices_joint_speed_only_on_a_windows_last_ticks(task_cfg):
                     joint_vel=vel, clearance=torch.ones(2, 5), deviation=torch.zeros(5),
                     below_floor=torch.zeros(2, dtype=torch.bool), settling=torch.tensor([True, False]))
     torch.testing.assert_close(terms["settle"], torch.tensor([-0.5 * 20.0, 0.0]))
+    assert terms["position_end"].abs().sum() == 0        # off by default
+    end = dataclasses.replace(cfg.reward, position_end=2.0, tanh_end=0.03)
+    terms = rewards(end, error=torch.tensor([[0.0, 0.03, 0.04]] * 2), action=zeros, last_action=zeros,
+                    joint_pos=zeros, joint_vel=zeros, clearance=torch.ones(2, 5), deviation=torch.zeros(5),
+                    below_floor=torch.zeros(2, dtype=torch.bool), settling=torch.tensor([True, False]))
+    torch.testing.assert_close(terms["position_end"], torch.tensor([2.0 * (1 - math.tanh(0.05 / 0.03)), 0.0]))
     with pytest.raises(ValueError, match="settle_ticks"):
         dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, settle_ticks=window + 1)).validate()
+    with pytest.raises(ValueError, match="tanh_end"):
+        dataclasses.replace(cfg.reward, tanh_end=0.0).validate()
 
 
 def test_goal_cannot_wind_up_past_max_relative_target():
