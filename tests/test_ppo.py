@@ -1,6 +1,7 @@
 """PPO pieces that can be checked exactly: the Gaussian, GAE, the first minibatch, the normalizer."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -221,3 +222,20 @@ def test_truncation_bootstraps_from_final_observation(task_cfg):
     with torch.no_grad():
         expected[3, 5] += ppo.cfg.gamma * ppo.model.value(s.obs[0, :1], ppo.bf16)[0]
     torch.testing.assert_close(s.rewards, expected)
+
+
+def test_final_std_caps_the_std_log_linearly_and_only_when_set(task_cfg):
+    ppo = _rollout(task_cfg)
+    init = float(ppo.model.log_std.exp().mean())
+    ppo.cap_std(0.5, init)                          # off by default
+    assert float(ppo.model.log_std.exp().max()) == pytest.approx(init)
+    ppo.cfg = dataclasses.replace(ppo.cfg, final_std=0.05)
+    ppo.cap_std(0.5, init)                          # halfway: the geometric mean of the two
+    torch.testing.assert_close(ppo.model.log_std.exp(), torch.full_like(ppo.model.log_std, (init * 0.05) ** 0.5))
+    ppo.cap_std(1.0, init)
+    torch.testing.assert_close(ppo.model.log_std.exp(), torch.full_like(ppo.model.log_std, 0.05))
+    ppo.model.log_std.data.fill_(math.log(0.01))    # a std below the ceiling is left alone
+    ppo.cap_std(1.0, init)
+    torch.testing.assert_close(ppo.model.log_std.exp(), torch.full_like(ppo.model.log_std, 0.01))
+    with pytest.raises(ValueError, match="final_std"):
+        dataclasses.replace(ppo.cfg, final_std=-1.0).validate()

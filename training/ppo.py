@@ -41,6 +41,10 @@ class PPOCfg:
     lr_bounds: tuple[float, float] = (1e-5, 1e-2)
     max_grad_norm: float = 1.0           # per network (actor incl. std, critic)
     early_stop_kl: float = 0.0           # > 0: stop the epochs once the mean KL exceeds it
+    # > 0: the action std may not exceed a ceiling that falls log-linearly from the policy's
+    # init_std to this at the last iteration, so that the last updates see the policy nearly
+    # as it is deployed (deterministic) instead of under its exploration noise.
+    final_std: float = 0.0
     precision: str = "auto"              # bf16 | fp32 | auto (bf16 where the device does it natively)
 
     def validate(self) -> None:
@@ -54,6 +58,8 @@ class PPOCfg:
             raise ValueError("ppo.gamma/lam: must lie in (0, 1] and [0, 1]")
         if not 0 < self.lr_bounds[0] <= self.learning_rate <= self.lr_bounds[1]:
             raise ValueError("ppo.learning_rate: must lie inside lr_bounds")
+        if not self.final_std >= 0:
+            raise ValueError("ppo.final_std: must not be negative (0: no ceiling)")
 
 
 def use_bf16(precision: str, device: torch.device) -> bool:
@@ -258,6 +264,14 @@ class PPO:
         """Merge the rollout's observations into the normalizer, after the update that
         used the frozen statistics."""
         self.model.normalizer.update(self.storage.obs, self.group, self._moments)
+
+    def cap_std(self, progress: float, init_std: float) -> None:
+        """Before a rollout: clamp the action std to cfg.final_std's ceiling at `progress` in
+        (0, 1] (the last rollout samples with final_std at most)."""
+        if self.cfg.final_std > 0:
+            ceiling = (1 - progress) * math.log(init_std) + progress * math.log(self.cfg.final_std)
+            with torch.no_grad():
+                self.model.log_std.clamp_(max=ceiling)
 
     def set_linear_lr(self, progress: float) -> None:
         """Linear annealing towards zero, progress in [0, 1)."""

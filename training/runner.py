@@ -198,6 +198,7 @@ class Runner:
             timer.mark()
             if cfg.ppo.schedule == "linear":
                 ppo.set_linear_lr(it / cfg.run.iterations)
+            ppo.cap_std((it + 1) / cfg.run.iterations, cfg.policy.init_std)
             ppo.begin_rollout()
             with torch.no_grad():
                 for t in range(T):
