@@ -239,3 +239,14 @@ def test_final_std_caps_the_std_log_linearly_and_only_when_set(task_cfg):
     torch.testing.assert_close(ppo.model.log_std.exp(), torch.full_like(ppo.model.log_std, 0.01))
     with pytest.raises(ValueError, match="final_std"):
         dataclasses.replace(ppo.cfg, final_std=-1.0).validate()
+
+
+def test_the_rsl_rl_config_refuses_what_rsl_rl_cannot_do():
+    from soarm import CONFIG_DIR, config
+    from soarm.training.rsl_rl_cfg import rsl_rl_train_cfg
+    from soarm.training.runner import TrainCfg
+
+    cfg = config.load(TrainCfg, CONFIG_DIR / "train" / "reach.yaml")
+    assert rsl_rl_train_cfg(cfg)["algorithm"]["clip_param"] == cfg.ppo.clip
+    with pytest.raises(ValueError, match="ppo.final_std"):
+        rsl_rl_train_cfg(dataclasses.replace(cfg, ppo=dataclasses.replace(cfg.ppo, final_std=0.05)))

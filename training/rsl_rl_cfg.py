@@ -11,8 +11,12 @@ from soarm.training.runner import TrainCfg
 
 
 def rsl_rl_train_cfg(cfg: TrainCfg, mixed_precision: bool = False, privileged: bool = False) -> dict:
-    """`privileged`: the env's observations hold a "critic" group (the task's critic_physics)."""
+    """`privileged`: the env's observations hold a "critic" group (the task's critic_physics).
+    A setting of ours that rsl_rl has no equivalent for is refused, not dropped."""
     p, pol = cfg.ppo, cfg.policy
+    for name in ("early_stop_kl", "final_std"):
+        if getattr(p, name):
+            raise ValueError(f"ppo.{name}: rsl_rl (and so Isaac Lab's runner) has no such setting; leave it at 0")
     model = {"class_name": "MLPModel", "activation": pol.activation, "obs_normalization": True}
     return {
         "num_steps_per_env": p.num_steps, "max_iterations": cfg.run.iterations, "save_interval": cfg.run.save_every,
