@@ -124,9 +124,10 @@ class RewardCfg:
     settle: float = 0.0
     settle_ticks: int = 10
     # weight * (1 - tanh(err / tanh_end)) on the same last settle_ticks: the error each window
-    # is judged on, rewarded on a scale between the two above, so that an arm stuck a centimetre
-    # or two off (a soft or loaded drive) still gains by closing in where position_fine is flat
-    # and position_tanh barely slopes. Bounded, so a window far off is not worth ending early.
+    # is judged on, rewarded on a scale between tanh_fine's and tanh_coarse's, so that an arm
+    # stuck a centimetre or two off (a soft or loaded drive) still gains by closing in where
+    # position_fine is flat and position_tanh barely slopes. Bounded, so that a window far off
+    # is not worth ending early (a linear price taught the policy to fall: docs/transfer.md, T).
     position_end: float = 0.0
     tanh_end: float = 0.03             # m
     # weight * |measured - home| (rad) per named arm joint (Isaac Lab's joint_deviation_l1).

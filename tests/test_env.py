@@ -159,7 +159,7 @@ def test_joint_limit_term_prices_only_the_soft_limit_band():
     torch.testing.assert_close(terms["joint_limit"], torch.tensor([0.0, -0.2, 0.0]), atol=1e-5, rtol=0)
 
 
-def test_settle_prices_joint_speed_only_on_a_windows_last_ticks(task_cfg):
+def test_settle_and_position_end_act_only_on_a_windows_last_ticks(task_cfg):
     cfg = dataclasses.replace(task_cfg, reward=dataclasses.replace(task_cfg.reward, settle=-0.5, settle_ticks=10))
     window = cfg.window_steps
     steps = torch.tensor([0, window - 11, window - 10, window - 1, window, 2 * window - 1])
