@@ -104,8 +104,8 @@ class ArmSim:
         """Restore `state_dict()`'s output onto this sim's device (a checkpoint is read on the
         CPU and may come from another device)."""
         device = self.q.device
-        self.q, self.qd, self.goal = (state[k].to(device) for k in ("q", "qd", "goal"))
-        self.slack, self.motor_vel = state["slack"].to(device), state["motor_vel"].to(device)
+        for k in ("q", "qd", "goal", "slack", "motor_vel"):
+            setattr(self, k, state[k].to(device))
         for k, v in state["firmware"].items():
             setattr(self.firmware, k, v.to(device))
         # A checkpoint from before a Physics field existed keeps this sim's (nominal) value for it.
