@@ -44,7 +44,9 @@ class EmulatorProcess:
 
     @property
     def output(self) -> list[str]:
-        """What the emulator process printed so far."""
+        """What the emulator process printed so far (all of it, once stopped)."""
+        if self._log.closed:
+            return self._printed
         self._log.flush()
         with open(self._log.name) as f:
             return f.read().splitlines()
@@ -65,6 +67,7 @@ class EmulatorProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._printed = self.output
         self._log.close()
         self._dir.cleanup()
 

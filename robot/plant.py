@@ -4,9 +4,13 @@ The plant is ArmSim (our training plant, the STS3215 model) or the published SO-
 MuJoCo (soarm/mujoco_arm.py, an independent one). The bus side (robot/emulator.py) answers
 every packet from the latest published state and hands goals and torque switches over as
 commands; this process steps the plant toward real
-time in slices of one physics step and publishes the state after each. When the plant cannot
-keep real time (eager physics on a slow or busy machine), the simulated clock runs slow: the
-backlog beyond MAX_BEHIND_S is dropped and counted in `PlantState.lag_s`, and the bus keeps
+time in slices of one physics step and publishes the state after each. A plant that runs at
+least twice real time replays a stall (its process kept off the CPU by a busy machine) up to
+CATCH_UP_S, so the arm's clock stays the host's: a dropped stall is a moment the arm froze,
+which no real arm does, and a log recorded across it is one that no replay explains. When the
+plant cannot keep real time (eager physics on a slow or busy machine), the simulated clock
+runs slow instead: the backlog beyond MAX_BEHIND_S is dropped and counted in
+`PlantState.lag_s` (a larger one would reach the host as latency), and the bus keeps
 answering from the newest state. Nothing about the replies' timing depends on the physics.
 
     plant = PlantProcess(robot, q0=None)      # None: the pose the unpowered arm settles in
@@ -39,7 +43,8 @@ from soarm.description import RobotDescription
 from soarm.files import atomic_write
 
 SERVO_FILE = CONFIG_DIR / "servo" / "sts3215_7v4.yaml"
-MAX_BEHIND_S = 0.05          # a larger backlog of physics is dropped: the simulated clock slows
+MAX_BEHIND_S = 0.05          # s: a larger backlog of a slow plant is dropped (the simulated clock slows)
+CATCH_UP_S = 0.3             # s: the longest stall a plant running twice real time replays
 START_TIMEOUT_S = 300.0      # torch import, first rest-pose settle (cached after), compile
 CONTROL_HZ = 30.0            # the control rate latency is counted in (ReachCfg.control_hz)
 
@@ -309,6 +314,7 @@ def _serve(robot, dt, q0, compile, kind, perturbation, state_arr, cmd_arr, lock,
         c[1:1 + J] = s[3:3 + J]
     ready.set()
     t0, last_warn, last_alive = time.monotonic(), -1e9, time.monotonic()
+    cost = dt                                                # s of wall time per step, smoothed
     parent = mp.parent_process()
     while not stop.is_set():
         if time.monotonic() - last_alive > 0.5:
@@ -319,7 +325,7 @@ def _serve(robot, dt, q0, compile, kind, perturbation, state_arr, cmd_arr, lock,
         if behind < dt:
             time.sleep(dt - behind)
             continue
-        if behind > MAX_BEHIND_S:
+        if behind > (CATCH_UP_S if cost < dt / 2 else MAX_BEHIND_S):
             lag += behind - dt
             if lag > 1.0 and time.monotonic() - last_warn > 30:
                 last_warn = time.monotonic()
@@ -330,7 +336,9 @@ def _serve(robot, dt, q0, compile, kind, perturbation, state_arr, cmd_arr, lock,
         if cmd[0] != place_seen:
             place_seen = cmd[0]
             plant.place(cmd[1 + 2 * J:1 + 3 * J])
+        t_step = time.monotonic()
         plant.step(cmd[1:1 + J], cmd[1 + J:1 + 2 * J] > 0.5)
+        cost += 0.05 * (time.monotonic() - t_step - cost)
         t_sim += dt
         seq += 1
         with lock:
