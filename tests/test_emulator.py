@@ -53,8 +53,9 @@ def test_a_stall_of_the_physics_process_is_replayed_not_dropped(robot):
     """The compiled plant runs many times real time: when a busy machine keeps its process off
     the CPU (here SIGSTOP for 0.15 s, as a CPU quota's throttle does), it replays the stall and
     its clock stays the host's. Dropping it (the rule before, for any backlog over 50 ms) froze
-    the arm for the stall: a sysid log recorded across one no replay explains (CI saw the
-    lift's error with the true parameters go from 2 to 8 mrad)."""
+    the arm for the stall, and a sysid log recorded across one no replay explains: the kept
+    recording with a 0.1 s freeze every 5 s replays the lift at 5.3 mrad with the true values
+    instead of 2.0 (CI's bus pass once saw 8.3; its lag was not printed then, it is now)."""
     from soarm.robot.plant import CATCH_UP_S, PlantProcess
 
     plant = PlantProcess(robot, compile=True)
