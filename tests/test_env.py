@@ -170,7 +170,9 @@ def test_settle_and_position_end_act_only_on_a_windows_last_ticks(task_cfg):
                     joint_vel=vel, clearance=torch.ones(2, 5), deviation=torch.zeros(5),
                     below_floor=torch.zeros(2, dtype=torch.bool), settling=torch.tensor([True, False]))
     torch.testing.assert_close(terms["settle"], torch.tensor([-0.5 * 20.0, 0.0]))
-    assert terms["position_end"].abs().sum() == 0        # off by default
+    # The task's own weight (shipped since T3): full pay at zero error, on a window's last ticks only.
+    assert cfg.reward.position_end > 0
+    torch.testing.assert_close(terms["position_end"], torch.tensor([cfg.reward.position_end, 0.0]))
     end = dataclasses.replace(cfg.reward, position_end=2.0, tanh_end=0.03)
     terms = rewards(end, error=torch.tensor([[0.0, 0.03, 0.04]] * 2), action=zeros, last_action=zeros,
                     joint_pos=zeros, joint_vel=zeros, clearance=torch.ones(2, 5), deviation=torch.zeros(5),
