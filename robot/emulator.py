@@ -160,13 +160,20 @@ class ServoBusEmulator:
         return self.plant.wait(sim_seconds)
 
     def settle(self, within_s: float = 10.0, still: float = 1e-3) -> bool:
-        """Until no joint moves faster than `still` rad/s (a let-go arm has fallen to rest), at
-        most within_s simulated seconds; False if it had not come to rest by then."""
+        """Until the arm has stayed still (every joint slower than `still` rad/s at both ends of
+        0.1 s of simulated time, and moved less than that allows between them): a let-go arm
+        has fallen to rest. At most within_s simulated seconds; False if it had not by then.
+        One look is not enough: an arm just placed reads at rest until the physics steps it
+        (on a busy machine, tens of milliseconds), and then falls."""
+        before = self.plant.state()
         for _ in range(round(within_s / 0.1)):
-            if max(abs(v) for v in self.plant.state().qd) < still:
-                return True
             if not self.plant.wait(0.1):
                 return False
+            now = self.plant.state()
+            if (max(abs(v) for v in before.qd + now.qd) < still
+                    and max(abs(a - b) for a, b in zip(before.q, now.q)) < 0.1 * still):
+                return True
+            before = now
         return False
 
     def raw_position(self, sid: int) -> int:

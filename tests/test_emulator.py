@@ -55,7 +55,7 @@ def test_a_stall_of_the_physics_process_is_replayed_not_dropped(robot):
     its clock stays the host's. Dropping it (the rule before, for any backlog over 50 ms) froze
     the arm for the stall, and a sysid log recorded across one no replay explains: the kept
     recording with a 0.1 s freeze every 5 s replays the lift at 5.3 mrad with the true values
-    instead of 2.0 (CI's bus pass once saw 8.3; its lag was not printed then, it is now)."""
+    instead of 2.0."""
     from soarm.robot.plant import CATCH_UP_S, PlantProcess
 
     plant = PlantProcess(robot, compile=True)
@@ -72,6 +72,26 @@ def test_a_stall_of_the_physics_process_is_replayed_not_dropped(robot):
         assert after.lag_s - before.lag_s < 0.01 < 0.15 < CATCH_UP_S, (before, after)
     finally:
         plant.close()
+
+
+def test_an_arm_let_go_has_settled_only_once_it_has_fallen(robot):
+    """`soarm emulate --calibrate` leaves the arm let go at the calibration's middle pose and
+    announces its port only once the arm has fallen to rest. A placed arm reads at rest until
+    the physics steps it: with its process held off the CPU (SIGSTOP, as a busy machine
+    does), one look at the speeds called it settled at once, and a client could enable
+    torque mid-fall."""
+    import threading
+
+    with ServoBusEmulator() as emu:
+        pid = emu.plant._proc.pid
+        middle = [0.0] * len(robot.names)
+        os.kill(pid, signal.SIGSTOP)
+        emu.place(middle)
+        threading.Timer(0.3, os.kill, (pid, signal.SIGCONT)).start()    # the physics resumes later
+        assert emu.settle()
+        state = emu.plant.state()
+        assert max(abs(q - m) for q, m in zip(state.q, middle)) > 0.1, state.q       # it fell first
+        assert max(abs(v) for v in state.qd) < 1e-3, state.qd
 
 
 def packet(sid: int, inst: int, params: bytes = b"", length: int | None = None) -> bytes:
