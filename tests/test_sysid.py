@@ -122,6 +122,17 @@ def hidden_arm(truth_file: Path):
     return p.identified(ROBOT, "servo/sts3215_7v4.yaml")
 
 
+def replay_errors(w, truth_file: Path):
+    """[A] mrad each joint of windows `w` replays at with the values the emulator hid, and with
+    the nominal model's."""
+    from soarm.robot.sysid import Candidates, nominal, rms_per_joint
+    from soarm.servo import ServoConfig
+
+    servo = config.load(ServoConfig, CONFIG_DIR / "servo" / "sts3215_7v4.yaml")
+    truth = Candidates.of(hidden_arm(truth_file), SysidCfg().substeps, servo.params)
+    return rms_per_joint(w, truth, ROBOT, servo), rms_per_joint(w, nominal(len(ARM), servo.params), ROBOT, servo)
+
+
 @pytest.mark.bus
 def test_the_excitation_over_the_pty_records_what_the_arm_did(tmp_path):
     """`soarm excite` on `soarm emulate --perturb 6`, in real time through the real Feetech SDK
@@ -133,8 +144,6 @@ def test_the_excitation_over_the_pty_records_what_the_arm_did(tmp_path):
     from soarm import REPO_ROOT
     from soarm.robot.emulator_process import EmulatorProcess
     from soarm.robot.excite import ExcitationCfg, excite_arm
-    from soarm.robot.sysid import Candidates, nominal, rms_per_joint
-    from soarm.servo import ServoConfig
 
     truth_file = tmp_path / "truth.json"
     args = ("--perturb", str(PERTURB_SEED), "--reveal", str(truth_file))
@@ -143,13 +152,10 @@ def test_the_excitation_over_the_pty_records_what_the_arm_did(tmp_path):
                             ExcitationCfg(**SHORT_PLAN), EXCITED, tmp_path / "logs", out=lambda line: None)
     emulator = emu.output[-1]                   # its counters and how far its physics fell behind
     assert not report.fault and len(report.done) == 4, (report, emulator)
-    servo = config.load(ServoConfig, CONFIG_DIR / "servo" / "sts3215_7v4.yaml")
     w = load_windows(report.logs, ROBOT, SysidCfg())
-    truth = Candidates.of(hidden_arm(truth_file), SysidCfg().substeps, servo.params)
-    hidden = rms_per_joint(w, truth, ROBOT, servo)
-    before = rms_per_joint(w, nominal(len(ARM), servo.params), ROBOT, servo)
+    hidden, before = replay_errors(w, truth_file)
     excited = [ARM.index(j) for j in EXCITED]
-    by_window = lambda: [(w.source[i], rms_per_joint(w.take([i]), truth, ROBOT, servo)[excited].tolist())  # noqa: E731
+    by_window = lambda: [(w.source[i], replay_errors(w.take([i]), truth_file)[0][excited].tolist())  # noqa: E731
                          for i in range(len(w.source))]
     assert (hidden[excited] < EXPLAINED * before[excited]).all(), (hidden, before, emulator, by_window())
 
@@ -162,19 +168,13 @@ def test_a_log_recorded_a_tick_off_is_one_the_hidden_arm_does_not_explain(tmp_pa
     recorded: 0.14 / 0.07; a physics that froze 0.1 s every 5 s, the emulator's stall rule
     before it replayed stalls: 0.35 / 0.19)."""
     from soarm.robot.enclog import EncoderLogWriter, read_log
-    from soarm.robot.sysid import Candidates, nominal, rms_per_joint
-    from soarm.servo import ServoConfig
 
-    servo = config.load(ServoConfig, CONFIG_DIR / "servo" / "sts3215_7v4.yaml")
     header, ticks = read_log(RECORDED / "perturb6_pan_lift.mcap")
     writer = EncoderLogWriter(tmp_path / "shifted.mcap", header)
     for k in range(1, len(ticks) - 1):
         goal = ticks[k - shift]["goal_sent"]
         writer.write({**ticks[k], "goal_sent": goal if ticks[k]["goal_sent"] is not None else None})
-    w = load_windows([writer.close()], ROBOT, SysidCfg())
-    hidden = rms_per_joint(w, Candidates.of(hidden_arm(RECORDED / "truth.json"), SysidCfg().substeps, servo.params),
-                           ROBOT, servo)
-    before = rms_per_joint(w, nominal(len(ARM), servo.params), ROBOT, servo)
+    hidden, before = replay_errors(load_windows([writer.close()], ROBOT, SysidCfg()), RECORDED / "truth.json")
     excited = [ARM.index(j) for j in EXCITED]
     assert (hidden[excited] > EXPLAINED * before[excited]).any(), (hidden, before)
 
