@@ -174,6 +174,10 @@ class RandomizationCfg:
     pd_damping_ratio: tuple[float, float] = (0.2, 0.8)  # uniform
     pd_kv_share: tuple[float, float] = (0.0, 1.0)       # of c inside the force limit, uniform
     pd_force: tuple[float, float] = (2.5, 4.0)          # N m, uniform
+    # rad/s; > 0 caps the joint's share of the damping at force / this, the rest acting inside
+    # the limit: a drive whose joint damping held it far below any servo's speed (0.4 rad/s at
+    # kp 800) made an arm no policy could reach with.
+    pd_min_top_speed: float = 0.0
 
     def validate(self) -> None:
         for name in ("gain_scale", "friction_scale", "mass_scale", "latency_ticks", "backlash_deg", "payload_kg",
@@ -186,8 +190,8 @@ class RandomizationCfg:
                 raise ValueError(f"randomization.{name}: must be positive (it is drawn log-uniform)")
         if not 0 <= self.pd_share <= 1 or self.pd_kv_share[1] > 1:
             raise ValueError("randomization.pd_share/pd_kv_share: shares must lie in [0, 1]")
-        if self.encoder_offset_ticks < 0 or self.start_noise < 0:
-            raise ValueError("randomization.encoder_offset_ticks/start_noise: must not be negative")
+        if self.encoder_offset_ticks < 0 or self.start_noise < 0 or self.pd_min_top_speed < 0:
+            raise ValueError("randomization.encoder_offset_ticks/start_noise/pd_min_top_speed: must not be negative")
 
 
 @dataclass
@@ -426,10 +430,19 @@ def draw_physics(gen: torch.Generator, cfg: RandomizationCfg, servo, n: int, J: 
     kp = log_uniform(gen, (n, 1), cfg.pd_kp, device, dtype)
     c = 2 * uniform(gen, (n, 1), cfg.pd_damping_ratio, device, dtype) * torch.sqrt(kp * servo.armature)
     inside = uniform(gen, (n, 1), cfg.pd_kv_share, device, dtype)
-    drawn.update(pd=per_arm(uniform(gen, (n, 1), (0.0, 1.0), device, dtype) < cfg.pd_share),
-                 pd_kp=per_arm(kp), pd_kv=per_arm(inside * c), pd_damping=per_arm((1 - inside) * c),
-                 pd_force=per_arm(uniform(gen, (n, 1), cfg.pd_force, device, dtype)))
-    return drawn if centre is None else centre.physics(drawn, cfg.backlash_deg)
+    pd = uniform(gen, (n, 1), (0.0, 1.0), device, dtype) < cfg.pd_share
+    force = uniform(gen, (n, 1), cfg.pd_force, device, dtype)
+    outside = (1 - inside) * c
+    if cfg.pd_min_top_speed > 0:
+        outside = torch.minimum(outside, force / cfg.pd_min_top_speed)
+    drawn.update(pd=per_arm(pd), pd_kp=per_arm(kp), pd_kv=per_arm(c - outside), pd_damping=per_arm(outside),
+                 pd_force=per_arm(force))
+    drawn = drawn if centre is None else centre.physics(drawn, cfg.backlash_deg)
+    # An ideal position drive stands for a published model's actuator, which has no gearbox; and
+    # a stiff one closed on the output through play limit-cycles whatever its goal (kp ~600-900
+    # N m/rad over 1 deg: 1-2 mm of fingertip jitter at a held goal), which no policy can undo.
+    drawn["backlash"] = torch.where(drawn["pd"], 0.0, drawn["backlash"])
+    return drawn
 
 
 def privileged(physics: dict[str, torch.Tensor], latency: torch.Tensor, servo, arm: torch.Tensor) -> torch.Tensor:

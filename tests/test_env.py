@@ -221,6 +221,31 @@ def test_latency_draws_cover_the_configured_ticks(task_cfg):
     assert len(counts) == 3 and (counts > 900).all()
 
 
+def test_an_ideal_position_drive_has_no_gear_play_and_at_least_the_top_speed_asked(task_cfg):
+    """A PD-driven arm stands for a published model's actuator: no backlash (a stiff drive closed
+    on the output through play limit-cycles at a held goal), and its joint damping, outside the
+    force limit, never holds it below `pd_min_top_speed`; the damping the cap takes from the joint
+    acts inside the limit, so the drawn damping ratio stands."""
+    from soarm import CONFIG_DIR, config
+    from soarm.reach import draw_physics
+    from soarm.servo import ServoConfig
+
+    servo = config.load(ServoConfig, CONFIG_DIR / task_cfg.servo).params
+    cfg = dataclasses.replace(task_cfg.randomization, pd_share=0.5, backlash_deg=(0.5, 1.5), pd_kp=(500.0, 1000.0),
+                              pd_damping_ratio=(0.8, 0.8), pd_kv_share=(0.0, 0.0), pd_min_top_speed=2.7)
+    d = draw_physics(torch.Generator().manual_seed(0), cfg, servo, 256, 6, "cpu")
+    pd = d["pd"][:, 0]
+    assert pd.any() and (~pd).any()
+    assert (d["backlash"][pd] == 0).all() and (d["backlash"][~pd] >= math.radians(0.5) - 1e-6).all()
+    assert (d["pd_force"] / d["pd_damping"] >= 2.7 * (1 - 1e-5)).all()
+    c = 2 * 0.8 * torch.sqrt(d["pd_kp"] * servo.armature)
+    torch.testing.assert_close(d["pd_kv"] + d["pd_damping"], c)
+    assert (d["pd_kv"] > 0).all()                          # all outside as drawn: the cap moved it in
+    uncapped = draw_physics(torch.Generator().manual_seed(0), dataclasses.replace(cfg, pd_min_top_speed=0.0),
+                            servo, 256, 6, "cpu")
+    assert (uncapped["pd_kv"] == 0).all() and (uncapped["pd_force"] / uncapped["pd_damping"] < 2.7).any()
+
+
 def test_physics_step_converges(task_cfg):
     """The default physics step agrees with one 4x finer on the fingertip path (median < 1 mm)."""
     paths = []

@@ -86,7 +86,9 @@ def test_training_draws_centre_on_the_identified_arm():
     np.testing.assert_allclose(ratio("coulomb")[:5], arm.friction_scale, rtol=1e-6)
     np.testing.assert_allclose(ratio("viscous")[:5], arm.friction_scale, rtol=1e-6)   # a file before the split
     assert ratio("gain_scale")[5] == 1.0                                 # the gripper: nominal
-    assert abs(math.degrees(float(centred["backlash"][:, 0].mean())) - 1.2) < 0.05
+    servo_arms = ~centred["pd"][:, 0]                                    # a position-driven arm has no play
+    assert abs(math.degrees(float(centred["backlash"][servo_arms, 0].mean())) - 1.2) < 0.05
+    assert centred["backlash"][~servo_arms].eq(0).all()
     assert float(centred["backlash"].min()) >= 0.0
     lat = draw_latency(torch.Generator().manual_seed(0), task.randomization, n, "cpu", centre)
     assert set(lat.tolist()) == {1, 2, 3} and max_latency(task.randomization, centre) == 3   # [0, 2] about 2
