@@ -56,12 +56,15 @@ class PlantSpec:
     """One row of the suite: how to build the plant for n arms, and the extra control ticks
     of latency each arm's goals take to reach it. `sensed`: judged on the error of the
     fingertip the encoders report, for a perturbation no policy can see (a calibration
-    error moves the true fingertip by what the offsets put between the two)."""
+    error moves the true fingertip by what the offsets put between the two). `arms_per_target`:
+    how many arms reach for each target, for a plant drawn at random: a mean over 50 arms misses
+    or catches its rare hard arms by the draw (docs/transfer.md, T4)."""
     what: str
     build: Callable[["SuiteContext", int, torch.Generator], object]
     latency: Callable[["SuiteContext", int, torch.Generator], np.ndarray] = field(
         default=lambda c, n, g: np.zeros(n, dtype=int))
     sensed: bool = False
+    arms_per_target: int = 1
 
 
 @dataclass
@@ -138,8 +141,9 @@ def _latency(k: int):
 
 PLANTS: dict[str, PlantSpec] = {
     "nominal": PlantSpec("our plant (ArmSim + STS3215 model, P=16), nominal", lambda c, n, g: _sim(c, n)),
-    "randomized": PlantSpec("our plant with the training randomization (incl. its latency)", _randomized,
-                            lambda c, n, g: draw_latency(g, c.task.randomization, n, "cpu").numpy()),
+    "randomized": PlantSpec("our plant with the training randomization (incl. its latency), 4 arms per target",
+                            _randomized, lambda c, n, g: draw_latency(g, c.task.randomization, n, "cpu").numpy(),
+                            arms_per_target=4),
     "mujoco": PlantSpec("published MJCF in MuJoCo, as published (kp 17.8)", _mujoco(1.0)),
     "mujoco_kp_x0.5": PlantSpec("published MJCF, actuator kp x0.5 (damping x0.71)", _mujoco(0.5)),
     "mujoco_kp_x2": PlantSpec("published MJCF, actuator kp x2 (damping x1.41, the added part as kv)", _mujoco(2.0)),
@@ -214,9 +218,10 @@ def fixed_targets(dyn: ArmDynamics, task: ReachCfg, count: int, seed: int) -> to
 
 def run_plant(rt: PolicyRuntime, spec: PlantSpec, ctx: SuiteContext, targets: np.ndarray, windows: int,
               seed: int, safety: SafetyCfg, progress: Callable[[], None] = lambda: None) -> dict:
-    """targets [windows * n, 3], window-major: arm i reaches for targets[w * n + i] in window w."""
+    """targets [windows * k, 3], window-major: arm i reaches for targets[w * k + i % k] in window w
+    (n = k * spec.arms_per_target arms)."""
     robot, task = ctx.robot, ctx.task
-    n = len(targets) // windows
+    n = len(targets) // windows * spec.arms_per_target
     gen = torch.Generator().manual_seed(seed)
     plant = spec.build(ctx, n, gen)
     latency = spec.latency(ctx, n, gen)
@@ -233,7 +238,8 @@ def run_plant(rt: PolicyRuntime, spec: PlantSpec, ctx: SuiteContext, targets: np
     errors, sensed, clear, jitters, torque_off = [], [], [], [], 0
     lo, hi = robot.lower[arm], robot.upper[arm]
     for w in range(windows):
-        tgt = targets[w * n:(w + 1) * n]
+        tgt = np.tile(targets[w * n // spec.arms_per_target:(w + 1) * n // spec.arms_per_target],
+                      (spec.arms_per_target, 1))
         tail = []
         for tick in range(window_steps):
             meas = plant.measured()

@@ -40,6 +40,15 @@ def test_suite_runs_the_policy_on_our_plant_and_on_mujoco(tmp_path):
     assert rows["mujoco"]["mean_error_m"] != rows["nominal"]["mean_error_m"]
 
 
+def test_a_drawn_plant_sends_several_arms_to_each_target():
+    """The randomized row judges 4 arms, each drawn apart, on each of the suite's targets."""
+    rows = run_suite(POLICY, ["nominal", "randomized"], targets=4, progress=False)["plants"]
+    assert PLANTS["randomized"].arms_per_target == 4
+    assert rows["nominal"]["targets"] == 4 and rows["randomized"]["targets"] == 16
+    by_window = np.array(rows["randomized"]["errors_m"]).reshape(4, 4)      # window-major: 4 arms, one target
+    assert len(set(by_window[-1].tolist())) == 4                              # each arm its own plant
+
+
 def test_jitter_is_the_fingertips_rms_motion_about_where_it_holds():
     still = np.zeros((10, 2, 3))
     chatter = still.copy()
