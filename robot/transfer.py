@@ -221,7 +221,8 @@ def run_plant(rt: PolicyRuntime, spec: PlantSpec, ctx: SuiteContext, targets: np
     """targets [windows * k, 3], window-major: arm i reaches for targets[w * k + i % k] in window w
     (n = k * spec.arms_per_target arms)."""
     robot, task = ctx.robot, ctx.task
-    n = len(targets) // windows * spec.arms_per_target
+    k = len(targets) // windows
+    n = k * spec.arms_per_target
     gen = torch.Generator().manual_seed(seed)
     plant = spec.build(ctx, n, gen)
     latency = spec.latency(ctx, n, gen)
@@ -238,8 +239,7 @@ def run_plant(rt: PolicyRuntime, spec: PlantSpec, ctx: SuiteContext, targets: np
     errors, sensed, clear, jitters, torque_off = [], [], [], [], 0
     lo, hi = robot.lower[arm], robot.upper[arm]
     for w in range(windows):
-        tgt = np.tile(targets[w * n // spec.arms_per_target:(w + 1) * n // spec.arms_per_target],
-                      (spec.arms_per_target, 1))
+        tgt = np.tile(targets[w * k:(w + 1) * k], (spec.arms_per_target, 1))
         tail = []
         for tick in range(window_steps):
             meas = plant.measured()
