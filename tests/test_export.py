@@ -222,6 +222,14 @@ def test_cli_evaluate_refuses_a_bad_file(tmp_path, capsys):
     assert err.count("\n") == 0 and "broken.onnx" in err
 
 
+def test_cli_export_writes_beside_the_checkpoint_by_default(exported, capsys):
+    root, _ = exported
+    assert cli.main(["export", str(root / "run"), "--verify", "100"]) == 0
+    assert (root / "run" / "policy.onnx").is_file()
+    assert f"-> {root / 'run' / 'policy.onnx'}" in capsys.readouterr().out
+    (root / "run" / "policy.onnx").unlink()
+
+
 def test_export_fails_above_the_parity_tolerance_and_writes_nothing(exported, monkeypatch, tmp_path):
     from soarm.export import exporter
 
