@@ -39,7 +39,7 @@ $(ROS_STAMP): $(STAMP) $(shell find $(ROS_PKG) -type f ! -path '*/__pycache__/*'
 RUN := runs/reach/latest
 main: setup
 	$(VENV)/bin/soarm train
-	$(VENV)/bin/soarm export $(RUN) -o $(RUN)/policy.onnx
+	$(VENV)/bin/soarm export $(RUN)
 	$(VENV)/bin/soarm evaluate $(RUN)/policy.onnx --targets 512 --out $(RUN)/eval_onnx.json
 
 # The whole suite: every test but the emulator-backed ones, then those in reverse order with
