@@ -212,6 +212,9 @@ def parse_plants(names: str | None) -> list[str]:
     return out
 
 
+TASK_FILE = CONFIG_DIR / "task" / "reach.yaml"      # the targets and the randomized row's spread
+
+
 def fixed_targets(dyn: ArmDynamics, task: ReachCfg, count: int, seed: int) -> torch.Tensor:
     return sample_targets(dyn, task.command, count, torch.Generator().manual_seed(seed)).float()
 
@@ -292,10 +295,12 @@ def run_suite(policy: str | Path, plants: list[str], targets: int = 200, windows
     from tqdm import tqdm
 
     robot = load_robot()
-    task = task or config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml")
+    task = task or config.load(ReachCfg, TASK_FILE)
     servo = config.load(ServoConfig, CONFIG_DIR / task.servo)
     ctx = SuiteContext(robot, task, servo)
     rt = PolicyRuntime(policy, robot)
+    if task.control_hz != rt.control_hz:     # the target windows are counted in the task's ticks
+        raise ValueError(f"task: control_hz {task.control_hz} is not the policy's {rt.control_hz} ({policy})")
     if targets % windows:
         raise ValueError(f"targets: {targets} is not a multiple of {windows} windows")
     pts = fixed_targets(ArmDynamics(robot, dtype=torch.float64), task, targets, seed).numpy()
@@ -312,16 +317,20 @@ def run_suite(policy: str | Path, plants: list[str], targets: int = 200, windows
 
 
 def transfer(policy: str | Path, plants: str | None, targets: int, seed: int, out: Path,
-             say: Callable[[str], None] = print) -> dict:
+             task_file: Path | None = None, say: Callable[[str], None] = print) -> dict:
     """`soarm transfer`: the suite on `plants` ('a,b'; None: all), its table, a JSON report at
-    `out` and a box plot beside it (.png)."""
+    `out` and a box plot beside it (.png). `task_file`: the task whose targets and
+    randomization it uses (None: configs/task/reach.yaml)."""
     import json
 
     from soarm.files import atomic_write
 
     names = parse_plants(plants)
-    say(f"transfer: {policy} on {len(names)} plants, {targets} targets each (seed {seed})")
-    result = run_suite(policy, names, targets=targets, seed=seed)
+    task_file = Path(task_file or TASK_FILE)
+    task = config.load(ReachCfg, task_file)
+    say(f"transfer: {policy} on {len(names)} plants, {targets} targets each (seed {seed}), task {task_file}")
+    result = run_suite(policy, names, targets=targets, seed=seed, task=task)
+    result["task"] = str(task_file)
     say(table(result))
     out = Path(out)
     atomic_write(out, lambda tmp: tmp.write_text(json.dumps(result, indent=1) + "\n"))

@@ -121,7 +121,7 @@ def _calibrate(args) -> int:
 def _transfer(args) -> int:
     from soarm.robot.transfer import transfer
 
-    transfer(args.policy, args.plants, args.targets, args.seed, args.out)
+    transfer(args.policy, args.plants, args.targets, args.seed, args.out, args.task)
     return 0
 
 
@@ -334,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--targets", type=int, default=200, help="per plant, a multiple of 4 (one arm per 4 targets)")
     p.add_argument("--plants", default=None, help="comma-separated names (default: all; a wrong one lists them)")
     p.add_argument("--seed", type=int, default=7, help="targets and perturbation draws")
+    p.add_argument("--task", type=Path, default=None,
+                   help="task YAML whose targets and randomization the suite uses (default configs/task/reach.yaml;"
+                        " a run's task.yaml judges its policy on the spread it trained on)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "transfer" / "transfer.json",
                    help="JSON report; the plot goes beside it (.png)")
     p.set_defaults(fn=_transfer)

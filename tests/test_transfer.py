@@ -40,6 +40,38 @@ def test_suite_runs_the_policy_on_our_plant_and_on_mujoco(tmp_path):
     assert rows["mujoco"]["mean_error_m"] != rows["nominal"]["mean_error_m"]
 
 
+def test_a_task_file_sets_the_spread_the_randomized_row_draws(tmp_path, capsys):
+    """`--task RUN/task.yaml` judges a policy on the randomization it trained on; a task of
+    another control rate than the policy's, or no task file, is one line and writes nothing."""
+    import dataclasses
+    import json
+
+    from soarm import CONFIG_DIR, config
+    from soarm.reach import ReachCfg
+
+    task = config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml")
+    late = dataclasses.replace(task, randomization=dataclasses.replace(task.randomization, latency_ticks=(2, 2)))
+    config.dump(late, tmp_path / "late.yaml")
+    runs = {}
+    for name, extra in (("default", []), ("late", ["--task", str(tmp_path / "late.yaml")])):
+        out = tmp_path / f"{name}.json"
+        assert cli.main(["transfer", str(POLICY), "--plants", "nominal,randomized", "--targets", "4",
+                         "--out", str(out), *extra]) == 0
+        runs[name] = json.loads(out.read_text())
+    assert runs["late"]["task"] == str(tmp_path / "late.yaml")
+    assert runs["late"]["plants"]["nominal"] == runs["default"]["plants"]["nominal"]      # same targets
+    assert runs["late"]["plants"]["randomized"]["errors_m"] != runs["default"]["plants"]["randomized"]["errors_m"]
+
+    config.dump(dataclasses.replace(task, control_hz=50.0), tmp_path / "fast.yaml")
+    for bad, says in ((tmp_path / "fast.yaml", "control_hz 50.0 is not the policy's 30.0"),
+                      (tmp_path / "none.yaml", "none.yaml")):
+        capsys.readouterr()
+        assert cli.main(["transfer", str(POLICY), "--task", str(bad), "--out", str(tmp_path / "bad.json")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and says in err, err
+    assert not (tmp_path / "bad.json").exists()
+
+
 def test_a_drawn_plant_sends_several_arms_to_each_target():
     """The randomized row judges 4 arms, each drawn apart, on each of the suite's targets."""
     rows = run_suite(POLICY, ["nominal", "randomized"], targets=4, progress=False)["plants"]
