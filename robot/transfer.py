@@ -34,6 +34,7 @@ import torch
 from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription, load_robot, with_payload
 from soarm.dynamics import ArmDynamics
+from soarm.export.policies import DEFAULT_TASK
 from soarm.export.runtime import PolicyRuntime
 from soarm.identified import Centre, centre_of, load_arm
 from soarm.reach import ReachCfg, draw_latency, draw_physics, full_pose, sample_targets
@@ -212,9 +213,6 @@ def parse_plants(names: str | None) -> list[str]:
     return out
 
 
-TASK_FILE = CONFIG_DIR / "task" / "reach.yaml"      # the targets and the randomized row's spread
-
-
 def fixed_targets(dyn: ArmDynamics, task: ReachCfg, count: int, seed: int) -> torch.Tensor:
     return sample_targets(dyn, task.command, count, torch.Generator().manual_seed(seed)).float()
 
@@ -295,7 +293,7 @@ def run_suite(policy: str | Path, plants: list[str], targets: int = 200, windows
     from tqdm import tqdm
 
     robot = load_robot()
-    task = task or config.load(ReachCfg, TASK_FILE)
+    task = task or config.load(ReachCfg, DEFAULT_TASK)
     servo = config.load(ServoConfig, CONFIG_DIR / task.servo)
     ctx = SuiteContext(robot, task, servo)
     rt = PolicyRuntime(policy, robot)
@@ -326,7 +324,7 @@ def transfer(policy: str | Path, plants: str | None, targets: int, seed: int, ou
     from soarm.files import atomic_write
 
     names = parse_plants(plants)
-    task_file = Path(task_file or TASK_FILE)
+    task_file = Path(task_file or DEFAULT_TASK)
     task = config.load(ReachCfg, task_file)
     say(f"transfer: {policy} on {len(names)} plants, {targets} targets each (seed {seed}), task {task_file}")
     result = run_suite(policy, names, targets=targets, seed=seed, task=task)

@@ -46,10 +46,11 @@ def test_a_task_file_sets_the_spread_the_randomized_row_draws(tmp_path, capsys):
     import dataclasses
     import json
 
-    from soarm import CONFIG_DIR, config
+    from soarm import config
+    from soarm.export.policies import DEFAULT_TASK
     from soarm.reach import ReachCfg
 
-    task = config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml")
+    task = config.load(ReachCfg, DEFAULT_TASK)
     late = dataclasses.replace(task, randomization=dataclasses.replace(task.randomization, latency_ticks=(2, 2)))
     config.dump(late, tmp_path / "late.yaml")
     runs = {}
