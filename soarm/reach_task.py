@@ -48,6 +48,8 @@ class TaskState:
     past_readings: torch.Tensor    # [N, H, A] rad, the readings of the last H observations, newest first
     past_goals: torch.Tensor       # [N, H, A] rad, the goals commanded at those observations
     privileged: torch.Tensor       # [N, P] the episode's physics as the critic sees it (P = 0: it does not)
+    error_sum: torch.Tensor        # [N] m, the episode's fingertip errors summed over its window ends
+    windows: torch.Tensor          # [N] the episode's window ends so far
 
     @classmethod
     def zeros(cls, num_envs: int, num_actions: int, max_latency: int, history: int, privileged: int,
@@ -59,7 +61,8 @@ class TaskState:
         return cls(target=torch.zeros(num_envs, 3, **f), last_action=arm(), goal=arm(),
                    goals_in_flight=torch.zeros(num_envs, max_latency + 1, num_actions, **f), latency=count(),
                    last_reading=arm(), steps=count(), past_readings=past(), past_goals=past(),
-                   privileged=torch.zeros(num_envs, privileged, **f))
+                   privileged=torch.zeros(num_envs, privileged, **f), error_sum=torch.zeros(num_envs, **f),
+                   windows=torch.zeros(num_envs, **f))
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -105,6 +108,8 @@ class ReachTask:
         self.given_targets = None if targets is None else torch.as_tensor(targets, dtype=torch.float32,
                                                                           device=self.device)
         self.handed_out = 0                              # given targets handed out so far
+        self.replay = cfg.randomization.hard_replay if targets is None else 0.0
+        self.physics: dict[str, torch.Tensor] | None = None   # each env's episode physics, as last drawn
         self.state = TaskState.zeros(num_envs, ACTION_DIM, max_latency(cfg.randomization, self.centre),
                                      cfg.obs_history, privileged_dim(cfg), self.device)
         self.episodes = EpisodeStats(num_envs, self.device)
@@ -148,6 +153,8 @@ class ReachTask:
         done = terminated | truncated
         window_end = (s.steps % cfg.window_steps == 0) | done
         dist = error.norm(dim=-1)
+        s.error_sum = s.error_sum + torch.where(window_end, dist, 0.0)
+        s.windows = s.windows + window_end.float()
         self.episodes.record(terms, reward, dist, window_end, done, terminated, truncated, s.steps)
         new_window = window_end & ~done
         s.target = torch.where(new_window[:, None], self._next_targets(new_window), s.target)
@@ -180,11 +187,30 @@ class ReachTask:
         n, rand, dev = self.num_envs, self.cfg.randomization, self.device
         physics = draw_physics(self.gen, rand, self.servo.params, n, len(self.robot.names), dev, torch.float32,
                                self.centre)
+        latency = draw_latency(self.gen, rand, n, dev, self.centre)
+        if self.replay and self.physics is not None:
+            physics, latency = self._replay_hard(mask, physics, latency)
         s = self.state
-        s.latency = torch.where(mask, draw_latency(self.gen, rand, n, dev, self.centre), s.latency)
+        s.latency = torch.where(mask, latency, s.latency)
+        self.physics = physics if self.physics is None else {
+            k: torch.where(mask[:, None], v, self.physics[k]) for k, v in physics.items()}
         noise = (-rand.start_noise, rand.start_noise)
         arm_q = self.home + uniform(self.gen, (n, len(self.home)), noise, dev, torch.float32)
         return EpisodeStart(physics=physics, joint_angles=full_pose(self.dyn, arm_q), target=self._next_targets(mask))
+
+    def _replay_hard(self, mask: torch.Tensor, physics: dict[str, torch.Tensor], latency: torch.Tensor):
+        """Where `mask`, a share `replay` of the new episodes take the physics and latency of
+        one of the worst quarter of the episodes ending now (those with a window end), by mean
+        window error; without a host sync."""
+        s, n, dev = self.state, self.num_envs, self.device
+        ended = mask & (s.windows > 0)
+        error = torch.where(ended, s.error_sum / s.windows.clamp(min=1), -torch.inf)
+        worst = torch.argsort(error, descending=True)
+        hard = (ended.sum() + 3) // 4
+        pick = worst[(uniform(self.gen, (n,), (0.0, 1.0), dev, torch.float32) * hard).long().clamp(max=n - 1)]
+        use = mask & (hard > 0) & (uniform(self.gen, (n,), (0.0, 1.0), dev, torch.float32) < self.replay)
+        replayed = {k: torch.where(use[:, None], self.physics[k][pick], v) for k, v in physics.items()}
+        return replayed, torch.where(use, s.latency[pick], latency)
 
     def reset(self, mask: torch.Tensor, reading: torch.Tensor, start: EpisodeStart) -> None:
         """Start the task where `mask` [N], the arms placed and reading `reading` [N, A]:
@@ -198,6 +224,8 @@ class ReachTask:
         s.past_readings = torch.where(mask[:, None, None], reading[:, None], s.past_readings)
         s.past_goals = torch.where(mask[:, None, None], reading[:, None], s.past_goals)
         s.steps = torch.where(mask, 0, s.steps)
+        s.error_sum = torch.where(mask, 0.0, s.error_sum)
+        s.windows = torch.where(mask, 0.0, s.windows)
         if self.cfg.critic_physics:
             drawn = privileged(start.physics, s.latency, self.servo.params, self.arm)
             s.privileged = torch.where(m, drawn, s.privileged)
@@ -227,7 +255,7 @@ class ReachTask:
     # ------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
         return {"gen": self.gen.get_state(), "episodes": self.episodes.state_dict(), "state": self.state.as_dict(),
-                "handed_out": self.handed_out}
+                "handed_out": self.handed_out, "physics": self.physics}
 
     def load_state_dict(self, state: dict) -> None:
         held = state["state"]["target"].shape[0]
@@ -239,3 +267,5 @@ class ReachTask:
                                 self.device).as_dict()
         self.state = TaskState(**{**fresh, **{k: v.to(self.device) for k, v in state["state"].items()}})
         self.handed_out = state["handed_out"]
+        physics = state.get("physics")          # a checkpoint from before hard_replay has none
+        self.physics = None if physics is None else {k: v.to(self.device) for k, v in physics.items()}

@@ -115,6 +115,35 @@ def test_the_critic_sees_each_episodes_drawn_physics_and_the_policy_does_not(tas
     assert seen_restart
 
 
+def test_hard_replay_restarts_a_share_of_arms_on_the_worst_ended_episodes_physics(task_cfg):
+    """randomization.hard_replay: where episodes end, a share of the new ones take the physics
+    and latency of one of the worst quarter of those that ended (by mean window error), the
+    rest draw afresh; the task's record of each env's physics is what the simulator runs."""
+    short = dataclasses.replace(task_cfg, episode_s=task_cfg.command.resample_s)   # one window an episode
+    cfg = dataclasses.replace(short, randomization=dataclasses.replace(short.randomization, hard_replay=0.5))
+    n = 16
+    env = ReachEnv(cfg, n, seed=3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(cfg.episode_steps - 1):
+        env.step(torch.rand(n, 5, generator=g) * 2 - 1)
+    old = {k: getattr(env.sim.physics, k).clone() for k in env.task.physics}
+    old_latency = env.task.state.latency.clone()
+    _, _, term, trunc, info = env.step(torch.rand(n, 5, generator=g) * 2 - 1)
+    ended = (term | trunc).nonzero()[:, 0].tolist()     # those that fell below the floor restarted before
+    assert len(ended) >= 8
+    error = info["window_error"][ended]
+    worst = {ended[j] for j in torch.argsort(error, descending=True)[:(len(ended) + 3) // 4].tolist()}
+    replayed = 0
+    for i in ended:
+        same = [j for j in range(n) if all(torch.equal(getattr(env.sim.physics, k)[i], old[k][j]) for k in old)]
+        if same:
+            replayed += 1
+            assert set(same) <= worst and env.task.state.latency[i] == old_latency[same[0]], (i, same, worst)
+    assert 0 < replayed < len(ended)
+    for k, v in env.task.physics.items():
+        assert torch.equal(v, getattr(env.sim.physics, k)), k
+
+
 def test_stagger_spreads_episode_starts(task_cfg):
     env = ReachEnv(task_cfg, 256, seed=0)
     env.stagger(24)
