@@ -109,7 +109,7 @@ class ReachTask:
                                                                           device=self.device)
         self.handed_out = 0                              # given targets handed out so far
         self.replay = cfg.randomization.hard_replay if targets is None else 0.0
-        self.physics: dict[str, torch.Tensor] | None = None   # each env's episode physics, as last drawn
+        self.physics: dict[str, torch.Tensor] | None = None   # each env's episode physics (kept where replay is on)
         self.state = TaskState.zeros(num_envs, ACTION_DIM, max_latency(cfg.randomization, self.centre),
                                      cfg.obs_history, privileged_dim(cfg), self.device)
         self.episodes = EpisodeStats(num_envs, self.device)
@@ -192,8 +192,9 @@ class ReachTask:
             physics, latency = self._replay_hard(mask, physics, latency)
         s = self.state
         s.latency = torch.where(mask, latency, s.latency)
-        self.physics = physics if self.physics is None else {
-            k: torch.where(mask[:, None], v, self.physics[k]) for k, v in physics.items()}
+        if self.replay:                                  # the record only replay reads
+            self.physics = physics if self.physics is None else {
+                k: torch.where(mask[:, None], v, self.physics[k]) for k, v in physics.items()}
         noise = (-rand.start_noise, rand.start_noise)
         arm_q = self.home + uniform(self.gen, (n, len(self.home)), noise, dev, torch.float32)
         return EpisodeStart(physics=physics, joint_angles=full_pose(self.dyn, arm_q), target=self._next_targets(mask))
