@@ -45,6 +45,7 @@ def load(spec: str | Path, task: str | Path | None = None) -> NamedPolicy:
         rt = PolicyRuntime(spec)
         cfg = dataclasses.replace(config.load(ReachCfg, task or DEFAULT_TASK), action_scale=rt.scale,
                                   action_clip=rt.clip, max_relative_target=rt.max_relative_target,
+                                  goal_margin=rt.goal_margin,
                                   control_hz=rt.control_hz)
         return NamedPolicy(rt, cfg, f"{spec} (onnxruntime)")
     from soarm.training import checkpoint

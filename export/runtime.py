@@ -81,6 +81,7 @@ class PolicyRuntime:
         action = self.contract["action"]
         self.scale, self.clip, self.control_hz = action["scale"], action["clip"], self.contract["control_hz"]
         self.max_relative_target = action.get("max_relative_target")
+        self.goal_margin = action.get("goal_margin", 0.0)
         ws = self.contract["workspace"]
         self.frame = ws["frame"]
         self.workspace = CommandCfg(radius=tuple(ws["radius"]), height=tuple(ws["height"]),
@@ -139,7 +140,8 @@ class PolicyRuntime:
         """The next arm goal (rad) from the current one, an action and the arm readings (rad)
         its observation was made from, per the contract."""
         g, a, m = (torch.as_tensor(np.atleast_2d(x), dtype=torch.float32) for x in (goal, action, q))
-        return action_to_goal(self.dyn, a, g, m, self.scale, self.clip, self.max_relative_target).numpy()
+        return action_to_goal(self.dyn, a, g, m, self.scale, self.clip, self.max_relative_target,
+                              self.goal_margin).numpy()
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         """Torch in, torch out: lets `evaluate` run the shipped file in the embedded sim."""

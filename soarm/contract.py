@@ -56,6 +56,8 @@ def build(task: ReachCfg, robot: RobotDescription, training: dict) -> dict:
             "offset": "previous_goal",                  # goal_t = goal_{t-1} + scale * clip(a)
             # rad: goal_t kept within this of the observed angles; None (older files): unbounded
             "max_relative_target": task.max_relative_target,
+            # rad: goal_t kept this far inside the joint limits; absent (older files): 0
+            "goal_margin": task.goal_margin,
             "default_joint_positions": [float(x) for x in robot.home],
         },
         "joint_limits": {"lower": [float(robot.lower[i]) for i in idx],
@@ -99,6 +101,9 @@ def check(contract: dict, robot: RobotDescription, where: str) -> dict:
     lead = action.get("max_relative_target")
     need(lead is None or (isinstance(lead, (int, float)) and lead > 0),
          f"action max_relative_target {lead!r}: a positive number of rad or null")
+    margin = action.get("goal_margin", 0.0)
+    need(isinstance(margin, (int, float)) and 0 <= margin <= 0.5,
+         f"action goal_margin {margin!r}: a number of rad in 0..0.5")
     need(contract.get("joint_names") == list(robot.arm_joints),
          f"joints {contract.get('joint_names')} differ from the robot's {list(robot.arm_joints)}")
     limits = contract.get("joint_limits", {})

@@ -18,8 +18,8 @@ With ReachCfg.obs_history = H > 0, then (obs_terms):
     past_joint_goal  5H rad, the goals observed with them, minus home
 Action: 5 values, relative joint-position targets (Isaac Lab's "relative joint position"
 action): goal_t = goal_{t-1} + action_scale * clip(action, +-action_clip), kept within
-max_relative_target of the measured angles and clipped to the joint limits; goal := measured
-at start. The commanded goal is the controller's state, so
+max_relative_target of the measured angles and goal_margin inside the joint limits; goal :=
+measured at start. The commanded goal is the controller's state, so
 the policy observes it. Relative targets make the policy a feedback law on the target
 error: it integrates away gravity sag and friction, which absolute targets cannot do
 without learning inverse kinematics to a fraction of a milliradian.
@@ -212,6 +212,10 @@ class ReachCfg:
     # Relative targets otherwise wind up on a joint slower than its goals (a stalled, loaded
     # or heavily damped drive) and overshoot by the wound-up lead when it catches up. None: off.
     max_relative_target: float | None = None
+    # rad: goals are kept this far inside each arm joint's limits (soft limits on the command, as
+    # Isaac Lab's soft_joint_pos_limit_factor): a joint held at its stop is where the servo
+    # stalls and heats, and where the robot's safety clamp acts.
+    goal_margin: float = 0.0
     # Past control ticks the policy observes (readings and goals, obs_terms): what a policy
     # needs to tell a soft arm from a stiff one before it has moved. 0: the present only.
     obs_history: int = 0
@@ -234,6 +238,8 @@ class ReachCfg:
             raise ValueError("action_scale/action_clip: must be positive")
         if self.max_relative_target is not None and not self.max_relative_target > 0:
             raise ValueError("max_relative_target: must be positive (or null for none)")
+        if not 0 <= self.goal_margin <= 0.5:
+            raise ValueError("goal_margin: must be in 0..0.5 rad")
         if not 0 <= self.obs_history <= 30:
             raise ValueError("obs_history: must be in 0..30 control ticks")
         if not self.episode_s >= self.command.resample_s:
@@ -287,10 +293,12 @@ def arm_limits(robot: RobotDescription, device, dtype=torch.float32) -> tuple[to
 
 
 def action_to_goal(dyn: ArmDynamics, action: torch.Tensor, goal: torch.Tensor, measured: torch.Tensor,
-                   action_scale: float, action_clip: float, max_relative_target: float | None) -> torch.Tensor:
+                   action_scale: float, action_clip: float, max_relative_target: float | None,
+                   goal_margin: float = 0.0) -> torch.Tensor:
     """The next arm goal [N, 5] (rad) from the current goal, the measured angles the policy
     observed and policy actions [N, 5]."""
     lo, hi = arm_limits(dyn.robot, action.device, action.dtype)
+    lo, hi = lo + goal_margin, hi - goal_margin
     goal = goal + action_scale * torch.clamp(action, -action_clip, action_clip)
     if max_relative_target is not None:
         goal = torch.clamp(goal, measured - max_relative_target, measured + max_relative_target)

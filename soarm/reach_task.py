@@ -127,7 +127,7 @@ class ReachTask:
         targets from the goal it commands, `latency` ticks late."""
         s, cfg = self.state, self.cfg
         s.goal = action_to_goal(self.dyn, actions, s.goal, s.last_reading, cfg.action_scale, cfg.action_clip,
-                                cfg.max_relative_target)
+                                cfg.max_relative_target, cfg.goal_margin)
         applied, s.goals_in_flight = delay_goals(s.goals_in_flight, s.goal, s.latency)
         self._action = actions
         return applied
