@@ -232,6 +232,20 @@ def test_goal_cannot_wind_up_past_max_relative_target():
     assert bool((action_to_goal(dyn, torch.ones(1, 5), at_limit, at_limit, 0.05, 1.0, 0.3) <= hi).all())
 
 
+def test_training_goals_stop_goal_margin_inside_the_limits(task_cfg):
+    """Full actions held for 3 s of goals drive every goal to its soft limit and no further."""
+    cfg = dataclasses.replace(task_cfg, goal_margin=0.15, max_relative_target=None)
+    env = ReachEnv(cfg, 4, seed=0)
+    lo, hi = arm_limits(env.robot, "cpu")
+    push = torch.ones(4, 5)
+    push[2:] = -1
+    for _ in range(90):
+        env.task.act(push)
+    goal = env.task.state.goal
+    torch.testing.assert_close(goal[:2], (hi - 0.15).expand(2, -1))
+    torch.testing.assert_close(goal[2:], (lo + 0.15).expand(2, -1))
+
+
 def test_goals_reach_the_servos_after_each_envs_latency():
     """Env i applies the goal of `delay[i]` ticks ago; a reset line starts at the reset goal."""
     delay = torch.tensor([0, 1, 2])

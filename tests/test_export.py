@@ -83,8 +83,9 @@ def test_runtime_builds_the_same_observation_as_the_sim(exported, task_cfg):
     want = s.goal + task_cfg.action_scale * torch.clamp(torch.from_numpy(a), -1, 1)
     if task_cfg.max_relative_target is not None:
         want = torch.clamp(want, q - task_cfg.max_relative_target, q + task_cfg.max_relative_target)
-    want = torch.clamp(want, torch.tensor(env.robot.lower[env.robot.arm_index], dtype=torch.float32),
-                       torch.tensor(env.robot.upper[env.robot.arm_index], dtype=torch.float32))
+    m = task_cfg.goal_margin
+    want = torch.clamp(want, torch.tensor(env.robot.lower[env.robot.arm_index] + m, dtype=torch.float32),
+                       torch.tensor(env.robot.upper[env.robot.arm_index] - m, dtype=torch.float32))
     np.testing.assert_allclose(rt.next_goal(s.goal.numpy(), a, q.numpy()), want.numpy(), atol=1e-7)
 
 
@@ -183,6 +184,7 @@ def _bad_files(root, tmp):
     _with_contract(good, tmp / "zero.onnx", lambda c: c["encoder"].update(joint_zero="homing_pose"))
     _with_contract(good, tmp / "urdf.onnx", lambda c: c["robot_description"].update(geometry_hash="0" * 16))
     _with_contract(good, tmp / "lead.onnx", lambda c: c["action"].update(max_relative_target=-0.3))
+    _with_contract(good, tmp / "margin.onnx", lambda c: c["action"].update(goal_margin=-0.1))
     _with_contract(good, tmp / "vel.onnx", lambda c: c.update(velocity_estimate="filtered, 5 Hz"))
     _with_contract(good, tmp / "norm.onnx", lambda c: c.update(normalization="none"))
     _with_contract(good, tmp / "latency.onnx", lambda c: c["latency"].update(ticks=[2, 0]))
@@ -190,7 +192,7 @@ def _bad_files(root, tmp):
             "text.onnx": "not a valid ONNX model", "plain.onnx": "soarm export", "schema9.onnx": "schema 9",
             "obs.onnx": "observation terms", "joints.onnx": "joints", "home.onnx": "default_joint_positions",
             "hold.onnx": "gripper", "zero.onnx": "joint_zero", "urdf.onnx": "geometry_hash",
-            "lead.onnx": "max_relative_target", "vel.onnx": "velocity_estimate", "norm.onnx": "normalization",
+            "lead.onnx": "max_relative_target", "margin.onnx": "goal_margin", "vel.onnx": "velocity_estimate", "norm.onnx": "normalization",
             "latency.onnx": "latency.ticks"}
 
 
@@ -252,3 +254,20 @@ def test_the_runtime_applies_the_contracts_goal_bound(exported, tmp_path):
     free = PolicyRuntime(root / "policy.onnx")
     assert free.max_relative_target is None
     np.testing.assert_allclose(free.next_goal(goal, np.ones((1, 5)), q), goal + free.scale, atol=1e-7)
+
+
+def test_the_runtime_keeps_goals_the_contracts_margin_inside_the_limits(exported, tmp_path):
+    """Goals pushed at a joint's limits stop goal_margin inside them, as in training; a file from
+    before the field clamps at the limits themselves."""
+    root, _ = exported
+    rt = PolicyRuntime(root / "policy.onnx")
+    assert rt.goal_margin == pytest.approx(0.15)
+    idx = rt.robot.arm_index
+    lo, hi = rt.robot.lower[idx], rt.robot.upper[idx]
+    at_upper, at_lower = hi[None].astype(np.float32), lo[None].astype(np.float32)
+    np.testing.assert_allclose(rt.next_goal(at_upper, np.ones((1, 5)), at_upper), (hi - 0.15)[None], atol=1e-6)
+    np.testing.assert_allclose(rt.next_goal(at_lower, -np.ones((1, 5)), at_lower), (lo + 0.15)[None], atol=1e-6)
+    _with_contract(root / "policy.onnx", tmp_path / "old.onnx", lambda c: c["action"].pop("goal_margin"))
+    old = PolicyRuntime(tmp_path / "old.onnx")
+    assert old.goal_margin == 0.0
+    np.testing.assert_allclose(old.next_goal(at_upper, np.ones((1, 5)), at_upper), hi[None], atol=1e-6)
