@@ -4,8 +4,8 @@ The plant is ArmSim (our training plant, the STS3215 model) or the published SO-
 MuJoCo (soarm/mujoco_arm.py, an independent one). The bus side (robot/emulator.py) answers
 every packet from the latest published state and hands goals and torque switches over as
 commands; this process steps the plant toward real
-time in slices of one physics step and publishes the state after each. A plant that runs at
-least twice real time replays a stall (its process kept off the CPU by a busy machine) up to
+time in slices of one physics step and publishes the state after each. A plant whose steps
+take at most half their simulated time in CPU time replays a stall (its process kept off the CPU by a busy machine) up to
 CATCH_UP_S, so the arm's clock stays the host's: a dropped stall is a moment the arm froze,
 which no real arm does, and a log recorded across it is one that no replay explains. When the
 plant cannot keep real time (eager physics on a slow or busy machine), the simulated clock
@@ -336,9 +336,11 @@ def _serve(robot, dt, q0, compile, kind, perturbation, state_arr, cmd_arr, lock,
         if cmd[0] != place_seen:
             place_seen = cmd[0]
             plant.place(cmd[1 + 2 * J:1 + 3 * J])
-        t_step = time.monotonic()
+        # CPU time, not wall time: a stall that lands inside a step (SIGSTOP, a quota's throttle)
+        # is not the physics' cost, and counted as such it made the plant drop that very stall.
+        t_step = time.thread_time()
         plant.step(cmd[1:1 + J], cmd[1 + J:1 + 2 * J] > 0.5)
-        cost += 0.05 * (time.monotonic() - t_step - cost)
+        cost += 0.05 * (time.thread_time() - t_step - cost)
         t_sim += dt
         seq += 1
         with lock:
