@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 ROS_PKG   := ros2_ws/src/so_arm_policy
 ROS_STAMP := $(VENV)/.so_arm_policy
 
-.PHONY: all setup main test bench servo-fit clean isaaclab
+.PHONY: all setup main test test-fast bench servo-fit clean isaaclab
 
 all: main
 
@@ -47,6 +47,10 @@ main: setup
 test: setup
 	$(PY) -m pytest -q -m "not bus"
 	$(PY) tests/under_load.py
+
+# The fast tier, for development: no fits, training runs, emulator or Isaac Lab (about a minute).
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not isaac and not bus"
 
 # The Isaac Lab 3 backend's own venv (Python 3.12, ~8 GB, shared by every clone on this
 # machine under ~/.cache/soarm), linked as .venv-isaaclab.

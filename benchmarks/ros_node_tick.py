@@ -20,9 +20,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from ros_harness import Client, NodeProcess, diag_with  # noqa: E402  (sets the ROS environment first)
+from tests.ros_harness import Client, NodeProcess, diag_with  # noqa: E402  (sets the ROS environment first)
 
 from soarm import REPO_ROOT  # noqa: E402
 from soarm.description import load_robot  # noqa: E402

@@ -36,10 +36,10 @@ from soarm import REPO_ROOT  # noqa: E402
 
 def record(seed: int, work: Path) -> Path:
     from soarm.robot.emulator_process import EmulatorProcess
-    from soarm.robot.excite import ExcitationCfg, excite_arm
+    from soarm.calibration.excite import ExcitationCfg, excite_arm
 
     with EmulatorProcess(work / "cal.json", seed=seed,
-                         args=("--perturb", str(seed), "--reveal", str(work / "truth.json"))) as emu:
+                         args=("--perturb", str(seed), "--reveal", str(work / "truth.yaml"))) as emu:
         report = excite_arm(emu.port, emu.calibration, REPO_ROOT / "data" / "policies" / "reach.onnx",
                             ExcitationCfg(), None, work / "logs")
     if report.fault:
@@ -66,24 +66,29 @@ def train_on(arm: Path | None, work: Path, name: str) -> Path:
 
 
 def recovery_table(arm_file: Path, seed: int) -> list[str]:
-    """Identified / hidden, per arm joint and parameter (robot/sysid.py's PARAMS)."""
+    """Identified / hidden, per arm joint and parameter (soarm.arm_params.JOINT_FIELDS; the
+    multipliers shown as x the servo model's, the play in degrees)."""
+    import math
+
     from soarm import CONFIG_DIR, config
+    from soarm.arm_params import JOINT_FIELDS, ArmParams, load_arm
     from soarm.description import load_robot
-    from soarm.identified import IdentifiedArm
-    from soarm.robot.plant import Perturbation
-    from soarm.robot.sysid import PARAMS, Candidates
     from soarm.servo import ServoConfig
 
     robot = load_robot()
-    arm = config.load(IdentifiedArm, CONFIG_DIR / arm_file)
+    arm = load_arm(arm_file, robot)
     servo = config.load(ServoConfig, CONFIG_DIR / arm.servo).params
-    hidden = Perturbation.draw(seed, len(robot.names)).identified(robot, arm.servo)
-    got, want = (Candidates.of(a, 1, servo).values() for a in (arm, hidden))
+    hidden = ArmParams.random(seed, robot, arm.servo).resolved(robot)
+
+    def shown(name: str, value: float) -> float:
+        spec = JOINT_FIELDS[name]
+        return math.degrees(value) if name == "backlash" else value / spec.nominal(servo) if spec.multiplier else value
     heads = ("gain", "Coulomb", "viscous", "load fr.", "armature", "dead-band", "mass", "backlash°")
     lines = [f"{'joint':14s} " + " ".join(f"{h:>11s}" for h in heads) + "   (identified / hidden)"]
-    for j, name in enumerate(arm.joints):
-        lines.append(f"{name:14s} " + " ".join(f"{float(got[p][0, j]):5.2f}/{float(want[p][0, j]):<5.2f}"
-                                               for p in PARAMS))
+    for name in robot.arm_joints:
+        got, want = arm.joints[name], hidden.joints[name]
+        lines.append(f"{name:14s} " + " ".join(f"{shown(p, getattr(got, p)):5.2f}/{shown(p, getattr(want, p)):<5.2f}"
+                                               for p in JOINT_FIELDS))
     lines.append(f"latency ticks {arm.latency_ticks}/{hidden.latency_ticks}")
     return lines
 
@@ -100,8 +105,8 @@ def main() -> int:
     ap.add_argument("--recovery-only", action="store_true", help="stop after steps 1-2 and the recovery table")
     args = ap.parse_args()
 
-    from soarm.robot.sysid import SysidCfg, sysid
-    from soarm.robot.transfer import run_suite
+    from soarm.calibration.sysid import SysidCfg, sysid
+    from soarm.calibration.transfer import run_suite
 
     t0, work = time.time(), args.work
     work.mkdir(parents=True, exist_ok=True)

@@ -1,1 +1,2 @@
-"""LeRobot-compatible SO-101 calibration and the ticks <-> joint radians mapping."""
+"""Fit the model to my arm: LeRobot's joint calibration (and the one ticks <-> radians mapping),
+the excitation, identification, the servo bench fit and the transfer suite."""

@@ -37,15 +37,12 @@ def load(spec: str | Path, task: str | Path | None = None) -> NamedPolicy:
         from soarm.training.scripted import ScriptedReach
 
         cfg = config.load(ReachCfg, task or DEFAULT_TASK)
-        return NamedPolicy(ScriptedReach(ArmDynamics(load_robot()), cfg.action_scale, cfg.action_clip), cfg,
-                           "the scripted controller")
+        return NamedPolicy(ScriptedReach(ArmDynamics(load_robot()), cfg.action), cfg, "the scripted controller")
     if str(spec).endswith(".onnx"):
         from soarm.export.runtime import PolicyRuntime
 
         rt = PolicyRuntime(spec)
-        cfg = dataclasses.replace(config.load(ReachCfg, task or DEFAULT_TASK), action_scale=rt.scale,
-                                  action_clip=rt.clip, max_relative_target=rt.max_relative_target,
-                                  goal_margin=rt.goal_margin,
+        cfg = dataclasses.replace(config.load(ReachCfg, task or DEFAULT_TASK), action=rt.bounds,
                                   control_hz=rt.control_hz)
         return NamedPolicy(rt, cfg, f"{spec} (onnxruntime)")
     from soarm.training import checkpoint

@@ -24,7 +24,7 @@ import torch
 from soarm import contract
 from soarm.description import RobotDescription, load_robot
 from soarm.dynamics import ArmDynamics
-from soarm.reach import OBS_SLICES, CommandCfg, action_to_goal, in_region, observe
+from soarm.reach import OBS_SLICES, action_to_goal, in_region, observe
 
 
 class PolicyError(ValueError):
@@ -59,7 +59,7 @@ class PolicyRuntime:
             raise PolicyError(f"{path}: contract metadata is not JSON ({e.msg})") from None
         self.robot = robot or load_robot()
         try:
-            self.contract = contract.check(terms, self.robot, str(path))
+            self.contract = contract.Contract.load(terms, self.robot, str(path))
         except contract.ContractError as e:
             raise PolicyError(str(e)) from None
         opts = ort.SessionOptions()
@@ -70,22 +70,15 @@ class PolicyRuntime:
         except Exception as e:  # noqa: BLE001
             raise PolicyError(f"{path}: onnxruntime cannot load it ({_first_line(e)})") from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        self.obs_dim, self.action_dim = self.contract["obs_dim"], self.contract["action"]["dim"]
-        self.history = contract.history(self.contract)     # past ticks observed (PolicyStep keeps them)
+        c = self.contract
+        self.obs_dim, self.action_dim, self.history = c.obs_dim, len(c.joint_names), c.history
         if [i.name for i in inputs] != ["obs"] or inputs[0].shape[-1] != self.obs_dim:
             raise PolicyError(f"{path}: graph input must be obs[batch, {self.obs_dim}], "
                               f"got {[(i.name, i.shape) for i in inputs]}")
         if [o.name for o in outputs] != ["actions"] or outputs[0].shape[-1] != self.action_dim:
             raise PolicyError(f"{path}: graph output must be actions[batch, {self.action_dim}], "
                               f"got {[(o.name, o.shape) for o in outputs]}")
-        action = self.contract["action"]
-        self.scale, self.clip, self.control_hz = action["scale"], action["clip"], self.contract["control_hz"]
-        self.max_relative_target = action.get("max_relative_target")
-        self.goal_margin = action.get("goal_margin", 0.0)
-        ws = self.contract["workspace"]
-        self.frame = ws["frame"]
-        self.workspace = CommandCfg(radius=tuple(ws["radius"]), height=tuple(ws["height"]),
-                                    max_bearing=ws["max_bearing"])
+        self.control_hz, self.bounds, self.workspace, self.frame = c.control_hz, c.action, c.workspace, c.frame
         self.dyn = ArmDynamics(self.robot)
 
     def check_target(self, target, frame: str | None = None) -> np.ndarray:
@@ -140,8 +133,7 @@ class PolicyRuntime:
         """The next arm goal (rad) from the current one, an action and the arm readings (rad)
         its observation was made from, per the contract."""
         g, a, m = (torch.as_tensor(np.atleast_2d(x), dtype=torch.float32) for x in (goal, action, q))
-        return action_to_goal(self.dyn, a, g, m, self.scale, self.clip, self.max_relative_target,
-                              self.goal_margin).numpy()
+        return action_to_goal(self.dyn, a, g, m, self.bounds).numpy()
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         """Torch in, torch out: lets `evaluate` run the shipped file in the embedded sim."""

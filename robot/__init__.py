@@ -1,1 +1,2 @@
-"""Deploy: Feetech bus driver, servo-bus emulator, safety layer, control loop, encoder logs."""
+"""Deploy: Feetech bus driver, safety layer, control loop, the arm as a service, and the servo-bus
+emulator they are tested against."""

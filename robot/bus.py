@@ -132,8 +132,6 @@ class FeetechBus:
     # ------------------------------------------------------------- connect
     def connect(self) -> None:
         """Open the port, ping every servo, check its model. No motion, torque untouched."""
-        import scservo_sdk as scs
-
         if not os.path.exists(self.port_name):
             raise BusError(f"{self.port_name}: no such serial port (is the servo adapter plugged in?)")
         if not os.access(self.port_name, os.R_OK | os.W_OK):

@@ -39,7 +39,7 @@ from soarm.calibration import calibration
 from soarm.description import load_robot
 from soarm.export.runtime import PolicyRuntime
 from soarm.robot.bus import BAUD, BusError, FeetechBus
-from soarm.robot.enclog import EncoderLogWriter
+from soarm.logs import EncoderLogWriter
 from soarm.robot.loop import ControlLoop, JointMove, Ticker
 from soarm.robot.safety import TORQUE_OFF, SafetyCfg, SafetyLayer
 
@@ -202,7 +202,7 @@ class ReachDriver:
         return self._request(_Request("move", move, joints=names), timeout)
 
     def _checked(self, traj: Trajectory) -> tuple[list[int], np.ndarray, np.ndarray]:
-        arm = list(self.runtime.contract["joint_names"])
+        arm = list(self.runtime.contract.joint_names)
         if not traj.positions or len(traj.positions) != len(traj.times):
             raise ValueError(f"{len(traj.positions)} points and {len(traj.times)} times; need one time per point")
         unknown = [n for n in traj.joint_names if n not in arm]

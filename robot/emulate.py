@@ -10,7 +10,6 @@ prints the bus counters until `stop` is set.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import threading
@@ -32,7 +31,7 @@ class EmulateCfg:
     calibrate: Path | None = None          # calibrate first and write this new file
     calibration: Path | None = None        # assemble the arm as this existing file says (only read)
     perturb: int | None = None             # an arm unlike the nominal one, drawn from this seed, hidden
-    reveal: Path | None = None             # with perturb: write what was drawn here
+    reveal: Path | None = None             # with perturb: write the arm drawn here (an arm YAML, soarm/arm_params.py)
     operator: bool = False                 # a simulated person at the arm
     link: Path | None = None               # a symlink to the pty
     ready_file: Path | None = None         # {"port", "pid"} written once serving
@@ -56,20 +55,22 @@ def serve(cfg: EmulateCfg, stop: threading.Event,
 
     cfg.validate()
     robot = load_robot()
-    perturbation = None
+    arm = None
     if cfg.perturb is not None:
-        from soarm.robot.plant import Perturbation
+        from soarm import CONFIG_DIR, config
+        from soarm.arm_params import ArmParams
+        from soarm.reach import ReachCfg
 
-        perturbation = Perturbation.draw(cfg.perturb, len(robot.names))
+        arm = ArmParams.random(cfg.perturb, robot, config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml").servo)
         if cfg.reveal:
-            atomic_write(cfg.reveal, lambda tmp: tmp.write_text(json.dumps(dataclasses.asdict(perturbation))))
+            config.dump(arm, cfg.reveal)
     cal = None
     if cfg.calibration:
         from soarm.calibration import calibration
 
         cal = calibration.load(cfg.calibration, robot.names)
     with ServoBusEmulator(faults=cfg.faults, seed=cfg.seed, compile=cfg.compile, plant=cfg.plant,
-                          perturbation=perturbation) as emu:
+                          arm=arm) as emu:
         started(emu)
         if cal is not None:
             emu.assemble_as(cal)
@@ -90,7 +91,7 @@ def serve(cfg: EmulateCfg, stop: threading.Event,
             port = f"{cfg.link} -> {emu.port}"
         if cfg.ready_file:          # the machine-readable handshake (EmulatorProcess reads it)
             atomic_write(cfg.ready_file, lambda tmp: tmp.write_text(json.dumps({"port": emu.port, "pid": os.getpid()})))
-        physics = cfg.plant + (f", perturbed (seed {cfg.perturb}, hidden)" if perturbation else "")
+        physics = cfg.plant + (f", perturbed (seed {cfg.perturb}, hidden)" if arm else "")
         print(f"SO-101 servo bus (ids 1-6, STS3215, 1 Mbaud, {physics} physics) on {port}; Ctrl-C to stop",
               flush=True)
         try:

@@ -11,7 +11,7 @@ Present_Position = (raw - Homing_Offset) mod 4096; Goal_Position clamped to the
 Min/Max_Position_Limit registers; Torque_Enable 0 lets the joint fall.
 
 The servos move by soarm/sim.py's ArmSim (the STS3215 model on the SO-101 dynamics,
-gravity included), stepped in real time by a process of its own (robot/plant.py), so a policy
+gravity included), stepped in real time by a process of its own (robot/emulator_physics.py), so a policy
 closed through the emulator meets the physics it was trained on. The bus thread does no
 physics: it answers every packet from the plant's latest published state, within
 REPLY_BUDGET_S of reading it, however slow the physics is (a plant that cannot keep real time
@@ -23,7 +23,7 @@ a valid checksum, replies longer than asked, error bits in every status packet, 
 servos, and `unplug()`.
 
 The parts: robot/sts_protocol.py (instructions, framing, a servo's memory), robot/pty_link.py
-(the line), robot/plant.py (the physics process), this module (the servos on the bus: what
+(the line), robot/emulator_physics.py (the physics process), this module (the servos on the bus: what
 each packet does, faults), robot/emulate.py (`soarm emulate`: serving it until stopped),
 robot/emulator_process.py (`soarm emulate` as a process, for tests) and robot/emulated_operator.py (a person at the arm for `soarm calibrate`).
 """
@@ -38,7 +38,8 @@ from dataclasses import dataclass
 
 from soarm.description import RobotDescription, load_robot
 from soarm.robot import control_table as ct
-from soarm.robot.plant import Perturbation, PlantProcess
+from soarm.arm_params import ArmParams
+from soarm.robot.emulator_physics import PlantProcess
 from soarm.robot.pty_link import PtyLink
 from soarm.robot.sts_protocol import (ACTION, BAUD_RATES, BROADCAST, PING, READ, REG_WRITE, SYNC_READ, SYNC_WRITE,
                                       WRITE, Servo, split_packets, status_packet)
@@ -66,12 +67,12 @@ class FaultCfg:
 class ServoBusEmulator:
     def __init__(self, ids: tuple[int, ...] = (1, 2, 3, 4, 5, 6), robot: RobotDescription | None = None,
                  faults: FaultCfg | None = None, seed: int = 0, assembly_offset_ticks: int = 300,
-                 q0: list[float] | None = None, physics_dt: float = 0.0056, compile: bool = False,
-                 plant: str = "armsim", perturbation: Perturbation | None = None):
+                 q0: list[float] | None = None, compile: bool = False, plant: str = "armsim",
+                 arm: ArmParams | None = None):
         """`compile`: fuse the physics step with torch.compile (about 15x faster per step,
         some seconds to compile once): real-time physics on a slow machine. `plant`: 'armsim'
-        (our training plant) or 'mujoco' (the published MJCF, robot/plant.py); `perturbation`:
-        how the armsim arm differs from the nominal one (robot/plant.py)."""
+        (our training plant) or 'mujoco' (the published MJCF); `arm`: how the armsim arm
+        differs from the nominal one (robot/emulator_physics.py)."""
         self.robot = robot or load_robot()
         if len(ids) != len(self.robot.joints):
             raise ValueError(f"{len(ids)} servo ids for {len(self.robot.joints)} joints")
@@ -82,7 +83,7 @@ class ServoBusEmulator:
         # Raw encoder reading at joint angle 0, different per unit and assembly.
         g = random.Random(seed)
         self.zero_raw = [ct.MIDDLE + g.randint(-assembly_offset_ticks, assembly_offset_ticks) for _ in ids]
-        self.plant = PlantProcess(self.robot, physics_dt, q0, compile, plant, perturbation)
+        self.plant = PlantProcess(self.robot, q0, compile, plant, arm)
         self.link = PtyLink()
         self.port = self.link.port
         self.counters = {"packets": 0, "replies": 0, "dropped": 0, "late": 0, "corrupted": 0, "bad_checksum": 0,

@@ -21,6 +21,7 @@ import numpy as np
 
 from soarm.calibration.calibration import MotorCalibration, check_in_range, check_servos, rad_to_ticks, ticks_to_rad
 from soarm.export.runtime import PolicyError, PolicyRuntime
+from soarm.logs import TickRecord
 from soarm.robot.bus import BusError, FeetechBus
 from soarm.robot.safety import COMMAND, TORQUE_OFF, Decision, SafetyLayer
 from soarm.servo import TICK, TICKS_PER_REV as TICKS
@@ -183,12 +184,12 @@ class ControlLoop:
     def __init__(self, bus: FeetechBus, runtime: PolicyRuntime, calibration: dict[str, MotorCalibration],
                  safety: SafetyLayer, target: Callable[[], np.ndarray], rate_hz: float | None = None,
                  status_every: int = 5, recorder=None):
-        """`recorder`: an EncoderLogWriter (robot/enclog.py) that receives every tick."""
+        """`recorder`: an EncoderLogWriter (soarm/logs.py) that receives every tick."""
         self.bus, self.rt, self.cal, self.safety, self.target = bus, runtime, calibration, safety, target
         self.recorder = recorder
         self.rate = rate_hz or runtime.control_hz
-        self.arm = list(runtime.contract["joint_names"])
-        self.gripper = runtime.contract["gripper"]["joint"]
+        self.arm = list(runtime.contract.joint_names)
+        self.gripper = runtime.contract.gripper_joint
         missing = [n for n in self.arm + [self.gripper] if n not in calibration]
         if missing:
             raise ValueError(f"calibration has no entry for {', '.join(missing)}")
@@ -216,11 +217,9 @@ class ControlLoop:
 
     def log_header(self) -> dict:
         """What a replay needs besides the ticks: joints, calibration, rate, policy."""
-        from soarm.contract import config_hash
-
         return {"source": "soarm", "arm_joints": self.arm, "gripper": self.gripper, "rate_hz": self.rate,
                 "calibration": {n: asdict(c) for n, c in self.cal.items()}, "policy": str(self.rt.path),
-                "contract_hash": config_hash(self.rt.contract), "safety": asdict(self.safety.cfg),
+                "contract_hash": self.rt.contract.hash(), "safety": asdict(self.safety.cfg),
                 "start_q": self.step.goal.tolist()}
 
     # --------------------------------------------------------------- tick
@@ -253,17 +252,14 @@ class ControlLoop:
         sent = d.kind != TORQUE_OFF and self._write(d.goal)
         if self.recorder is not None:
             t_sent = time.perf_counter()
-            self.recorder.write({
-                "t": t0 - self.t0, "t_read": None if t_read is None else t_read - self.t0,
-                "t_sent": t_sent - self.t0 if sent else None,
-                "raw": raw, "q": None if q is None else q.tolist(),
-                "target": None if target is None else np.asarray(target, dtype=float).tolist(),
-                "action": None if r.action is None else r.action.tolist(),
-                "goal_policy": None if r.goal_policy is None else r.goal_policy.tolist(),
-                "goal_sent": None if d.goal is None else d.goal.tolist(),
-                "decision": d.kind, "events": d.events, "fault": r.fault,
-                "move": None if move is None else {"name": move.name, "pose": pose.tolist(), "max_step": max_step},
-                "status": self._polled})
+            listed = lambda x: None if x is None else np.asarray(x, dtype=float).tolist()  # noqa: E731
+            self.recorder.write(TickRecord(
+                t=t0 - self.t0, t_read=None if t_read is None else t_read - self.t0,
+                t_sent=t_sent - self.t0 if sent else None, raw=raw, q=listed(q), target=listed(target),
+                action=listed(r.action), goal_policy=listed(r.goal_policy), goal_sent=listed(d.goal),
+                decision=d.kind, events=d.events, fault=r.fault,
+                move=None if move is None else {"name": move.name, "pose": pose.tolist(), "max_step": max_step},
+                status=self._polled))
         self._polled = None
         if d.kind == TORQUE_OFF:
             self.shutdown()

@@ -1,16 +1,15 @@
-"""Replay an encoder log: the recorded encoder stream through the same decision step the
-loop runs (observation, inference, safety; robot/loop.py's PolicyStep), compared with the
-goals that were really sent.
+"""`soarm replay`: an encoder log's readings through the same decision step the loop runs
+(observation, inference, safety; robot/loop.py's PolicyStep), compared with the goals that
+were really sent.
 
     soarm replay LOG.mcap --policy policy.onnx [--plot replay.png]
 
-Also imports the real servo logs of data/real_servo_logs (BAM's STS3250 pendulum) as
-encoder logs: one real servo's stream on the elbow, the other joints held at their middle.
+Also takes the real servo logs of data/real_servo_logs (BAM's STS3250 pendulum) as encoder
+logs: one real servo's stream on the elbow, the other joints held at their middle.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -19,37 +18,38 @@ import numpy as np
 from soarm.calibration.calibration import MotorCalibration, rad_to_ticks, ticks_to_rad
 from soarm.description import load_robot
 from soarm.export.runtime import PolicyRuntime
-from soarm.robot.enclog import LogError, read_log
+from soarm.logs import LogError, TickRecord, read_bam, read_log
 from soarm.robot.loop import PolicyStep
 from soarm.robot.safety import SafetyCfg, SafetyLayer
 
 TOLERANCE = 1e-5          # rad: recomputed and recorded goals agree below this
 
 
-def replay(header: dict, ticks: list[dict], runtime: PolicyRuntime, where: str = "log") -> dict:
+def replay_decisions(header: dict, ticks: list[TickRecord], runtime: PolicyRuntime, where: str = "log") -> dict:
+    """Each tick's decision made again from its reading, against the goal that was sent."""
     robot = load_robot()
     arm = header["arm_joints"]
-    if arm != list(runtime.contract["joint_names"]):
-        raise LogError(f"{where}: logged joints {arm} differ from the policy's {runtime.contract['joint_names']}")
+    if arm != list(runtime.contract.joint_names):
+        raise LogError(where, f"logged joints {arm} differ from the policy's {list(runtime.contract.joint_names)}")
     cal = {n: MotorCalibration(**c) for n, c in header["calibration"].items()}
     safety = SafetyLayer.for_arm(SafetyCfg(**header.get("safety", {})), robot, cal)
     step = PolicyStep(runtime, safety, header["rate_hz"], np.asarray(header["start_q"], dtype=np.float32))
     t, recorded, recomputed, diffs = [], [], [], []
     events_differing, events = 0, {}
     for tick in ticks:
-        raw = tick["raw"]
+        raw = tick.raw
         q = None if raw is None else np.array([ticks_to_rad(cal[n], raw[str(cal[n].id)]) for n in arm],
                                               dtype=np.float32)
-        target, move = tick["target"], tick.get("move", tick.get("park"))
+        target, move = tick.target, tick.move
         if move:                                   # a joint move (parking, home, trajectory): no policy
-            r = step.toward(q, np.asarray(move["pose"], dtype=np.float32), move["max_step"], now=tick["t"])
+            r = step.toward(q, np.asarray(move["pose"], dtype=np.float32), move["max_step"], now=tick.t)
         else:
-            r = step(q, None if target is None else np.asarray(target, dtype=np.float32), now=tick["t"])
-        a, b = tick["goal_sent"], r.decision.goal
-        events_differing += int("events" in tick and tick["events"] != r.decision.events)
+            r = step(q, None if target is None else np.asarray(target, dtype=np.float32), now=tick.t)
+        a, b = tick.goal_sent, r.decision.goal
+        events_differing += int(tick.events != r.decision.events)
         for e in r.decision.events:
             events[e] = events.get(e, 0) + 1
-        t.append(tick["t"])
+        t.append(tick.t)
         recorded.append(np.full(len(arm), np.nan) if a is None else np.asarray(a))
         recomputed.append(np.full(len(arm), np.nan) if b is None else np.asarray(b))
         if (a is None) != (b is None):
@@ -92,44 +92,28 @@ def plot(report: dict, path: str | Path) -> None:
     plt.close(fig)
 
 
-def import_bam(path: str | Path, joint: str = "elbow_flex") -> tuple[dict, list[dict]]:
+def import_bam(path: str | Path, joint: str = "elbow_flex") -> tuple[dict, list[TickRecord]]:
     """A BAM bench log (data/real_servo_logs) as an encoder log: its servo on `joint` (its
     goals as the goals sent), the other arm joints at their middle; identity calibration."""
-    from soarm.reach import ReachCfg
-
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-        entries = raw["entries"]
-        samples = [(float(e["timestamp"]), float(e["position"]), float(e["goal_position"])) for e in entries]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise LogError(f"{path}: not a BAM servo log ({type(e).__name__}: {str(e)[:80]})") from None
-    if len(samples) < 2:
-        raise LogError(f"{path}: BAM log has fewer than two samples")
+    log = read_bam(path)
     robot = load_robot()
     arm = list(robot.arm_joints)
     if joint not in arm:
-        raise LogError(f"{path}: joint {joint!r} is not an arm joint")
+        raise LogError(path, f"joint {joint!r} is not an arm joint")
     j = arm.index(joint)
     cal = {n: {"id": i + 1, "drive_mode": 0, "homing_offset": 0, "range_min": 0, "range_max": 4095}
            for i, n in enumerate(robot.names)}
-    t0 = samples[0][0]
     ticks = []
-    for ts, pos, goal in samples:
-        q = [0.0] * len(arm)
-        q[j] = pos
-        g = [0.0] * len(arm)
-        g[j] = goal
-        raw_ticks = {str(cal[n]["id"]): rad_to_ticks(MotorCalibration(**cal[n]), q[k]) for k, n in enumerate(arm)}
-        ticks.append({"t": ts - t0, "raw": raw_ticks, "q": q, "target": [0.25, 0.0, 0.15], "action": None,
-                      "goal_policy": None, "goal_sent": g, "decision": "command", "events": [], "fault": None})
-    dt = float(np.median(np.diff([s[0] for s in samples])))
-    header = {"source": f"bam-import:{path.name}", "arm_joints": arm, "gripper": robot.gripper_joint,
-              "rate_hz": ReachCfg().control_hz if dt <= 0 else 1.0 / dt, "calibration": cal,
-              "start_q": [0.0] * len(arm)}
+    for t, pos, goal in zip(log.t, log.measured[:, 0], log.goal[:, 0]):
+        q, g = [0.0] * len(arm), [0.0] * len(arm)
+        q[j], g[j] = float(pos), float(goal)
+        raw = {str(cal[n]["id"]): rad_to_ticks(MotorCalibration(**cal[n]), q[k]) for k, n in enumerate(arm)}
+        ticks.append(TickRecord(t=float(t), raw=raw, q=q, target=[0.25, 0.0, 0.15], goal_sent=g))
+    header = {"source": f"bam-import:{Path(path).name}", "arm_joints": arm, "gripper": robot.gripper_joint,
+              "rate_hz": log.rate_hz, "calibration": cal, "start_q": [0.0] * len(arm)}
     return header, ticks
 
 
-def load_any(path: str | Path) -> tuple[dict, list[dict]]:
+def load_any(path: str | Path) -> tuple[dict, list[TickRecord]]:
     """An encoder log (.mcap) or a BAM servo log (.json)."""
     return import_bam(path) if str(path).endswith(".json") else read_log(path)

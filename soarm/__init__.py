@@ -1,9 +1,9 @@
 """soarm: sim-to-real stack for the SO-ARM101.
 
 The core package holds what every stage shares: the robot description, the batched
-rigid-body dynamics, the STS3215 servo model and the reach task contract. The stage
-folders at the repository root (training/, export/, robot/, calibration/) are
-installed as sub-packages of this one.
+rigid-body dynamics, the STS3215 servo model, the plant interface, one arm's parameters,
+motion logs and the reach task with its contract. The stage folders at the repository root
+(training/, export/, robot/, calibration/) are installed as sub-packages of this one.
 """
 
 from pathlib import Path

@@ -101,10 +101,10 @@ def _convert(tp: Any, value: Any, where: str, key: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: '{key}' must be true or false, got {value!r}")
         return value
-    if tp is str:
-        if not isinstance(value, str):
+    if tp in (str, Path):
+        if not isinstance(value, (str, Path)):
             raise ConfigError(f"{where}: '{key}' must be a string, got {value!r}")
-        return value
+        return tp(value)
     return value
 
 
@@ -124,3 +124,87 @@ def dump(obj: Any, path: str | Path) -> Path:
 
     plain = json.loads(json.dumps(dataclasses.asdict(obj)))      # tuples -> lists: safe YAML
     return atomic_write(path, lambda tmp: tmp.write_text(yaml.safe_dump(plain, sort_keys=False)))
+
+
+# ---------------------------------------------------------------- command-line flags
+def add_flags(parser, cls: type, prefix: str = "", skip: tuple[str, ...] = (), flag_prefix: str | None = None) -> None:
+    """One flag per field of config dataclass `cls` (nested ones dotted: --search.population),
+    typed as the field, its help the comment beside the field in the source. Every flag
+    defaults to None: `flag_overrides` returns only the flags given, so the config's own
+    defaults and files stay the one source of values. `prefix` goes before each key
+    (`run.` -> overrides of `run.iterations`), `flag_prefix` before each flag (default: the same)."""
+    flag_prefix = prefix if flag_prefix is None else flag_prefix
+    import argparse
+
+    hints, notes = typing.get_type_hints(cls), _field_comments(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip or f.name.startswith("_"):
+            continue
+        tp, key = hints[f.name], prefix + f.name
+        if dataclasses.is_dataclass(tp):
+            add_flags(parser, tp, key + ".", skip, flag_prefix + f.name + ".")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        help_text = f"{notes.get(f.name, '')} (default: {default})".strip()
+        flag = "--" + (flag_prefix + f.name).replace("_", "-")
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        base = inner[0] if typing.get_origin(tp) in (typing.Union, types.UnionType) else tp
+        origin = typing.get_origin(base)
+        if base is bool:
+            parser.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif origin in (list, tuple):
+            args = typing.get_args(base)
+            item = args[0] if args else str
+            nargs = len(args) if origin is tuple and args and args[-1] is not Ellipsis else "+"
+            parser.add_argument(flag, dest=key, type=_parse(item), nargs=nargs, default=None, help=help_text,
+                                metavar=f.name.upper())
+        elif base in (int, float, str, Path):
+            parser.add_argument(flag, dest=key, type=_parse(base), default=None, help=help_text,
+                                metavar=f.name.upper())
+
+
+def flag_overrides(args, cls: type, prefix: str = "") -> dict[str, Any]:
+    """{dotted key: value} of the flags `add_flags(parser, cls, prefix)` made that were given."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.update(flag_overrides(args, tp, key + "."))
+        elif getattr(args, key, None) is not None:
+            value = getattr(args, key)
+            out[key] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def from_flags(cls: type[T], args, base: T | None = None) -> T:
+    """A validated `cls` from the defaults (or `base`) and the flags given (ConfigError: one line)."""
+    raw = json.loads(json.dumps(dataclasses.asdict(base if base is not None else cls()), default=str))
+    for key, value in flag_overrides(args, cls).items():
+        _set_dotted(raw, key, str(value) if isinstance(value, Path) else value)
+    return from_dict(cls, raw, "command line")
+
+
+def _parse(tp):
+    if tp is int:
+        return lambda x: int(x, 0)
+    return tp
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """The comment on the line of each field's definition in `cls`'s source (Isaac Lab style:
+    a unit and a word beside every constant)."""
+    import inspect
+    import re
+
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    out = {}
+    for line in source.splitlines():
+        m = re.match(r"\s+(\w+)\s*:[^#]*#\s*(.+)$", line)
+        if m:
+            out.setdefault(m.group(1), m.group(2).strip())
+    return out

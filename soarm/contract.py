@@ -1,9 +1,10 @@
 """The deployment contract: what a policy file promises about its inputs and outputs.
 
 Built here from the task config and the robot description (the same objects training
-used), written into the ONNX metadata by the exporter, and checked by the runtime before
-it runs a file. The math itself (observation, action -> goal) lives in soarm/reach.py;
-this module only describes it, so a robot can tell whether it builds the same thing.
+used), written into the ONNX metadata by the exporter (`build`), and read back by the
+runtime before it runs a file (`Contract.load`, which runs every check). The math itself
+(observation, action -> goal) lives in soarm/reach.py; this module only describes it, so a
+robot can tell whether it builds the same thing.
 
 Versioned: `SCHEMA` changes whenever a field's meaning changes; a runtime refuses a file
 of another schema.
@@ -13,9 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 from soarm.description import RobotDescription
-from soarm.reach import ACTION_DIM, ReachCfg, obs_dim, obs_terms
+from soarm.reach import ACTION_DIM, ActionBounds, CommandCfg, ReachCfg, obs_dim, obs_terms
 from soarm.servo import TICK, TICKS_PER_REV
 
 SCHEMA = 2
@@ -51,13 +53,13 @@ def build(task: ReachCfg, robot: RobotDescription, training: dict) -> dict:
         "action": {
             "type": ACTION_TYPE,
             "dim": ACTION_DIM,
-            "scale": task.action_scale,                 # rad per control step at action 1
-            "clip": task.action_clip,                   # |action| clipped before scaling
+            "scale": task.action.scale,                 # rad per control step at action 1
+            "clip": task.action.clip,                   # |action| clipped before scaling
             "offset": "previous_goal",                  # goal_t = goal_{t-1} + scale * clip(a)
-            # rad: goal_t kept within this of the observed angles; None (older files): unbounded
-            "max_relative_target": task.max_relative_target,
-            # rad: goal_t kept this far inside the joint limits; absent (older files): 0
-            "goal_margin": task.goal_margin,
+            # rad: goal_t kept within this of the observed angles; None: unbounded
+            "max_relative_target": task.action.max_relative_target,
+            # rad: goal_t kept this far inside the joint limits
+            "goal_margin": task.action.goal_margin,
             "default_joint_positions": [float(x) for x in robot.home],
         },
         "joint_limits": {"lower": [float(robot.lower[i]) for i in idx],
@@ -78,7 +80,36 @@ def build(task: ReachCfg, robot: RobotDescription, training: dict) -> dict:
     }
 
 
-def check(contract: dict, robot: RobotDescription, where: str) -> dict:
+@dataclass(frozen=True)
+class Contract:
+    """A policy file's contract as this code reads it; `load` runs every check."""
+    terms: dict                        # the JSON as written in the file
+    obs_dim: int
+    history: int                       # past control ticks observed (ReachCfg.obs_history)
+    joint_names: tuple[str, ...]       # the arm joints, in action order
+    gripper_joint: str
+    action: ActionBounds
+    control_hz: float
+    workspace: CommandCfg              # where training drew its targets (radius, height, bearing)
+    frame: str                         # the frame targets are given in
+
+    @classmethod
+    def load(cls, terms: dict, robot: RobotDescription, where: str) -> Contract:
+        """ContractError (one line naming the field) unless this code builds exactly the
+        observation and action the contract describes, for this robot."""
+        _check(terms, robot, where)
+        action, ws = terms["action"], terms["workspace"]
+        return cls(terms, terms["obs_dim"], history(terms), tuple(terms["joint_names"]), terms["gripper"]["joint"],
+                   ActionBounds(action["scale"], action["clip"], action["max_relative_target"], action["goal_margin"]),
+                   float(terms["control_hz"]),
+                   CommandCfg(radius=tuple(ws["radius"]), height=tuple(ws["height"]), max_bearing=ws["max_bearing"]),
+                   ws["frame"])
+
+    def hash(self) -> str:
+        return config_hash(self.terms)
+
+
+def _check(contract: dict, robot: RobotDescription, where: str) -> None:
     """Raise ContractError unless this code builds exactly the observation and action the
     contract describes, for this robot."""
     def need(cond: bool, what: str) -> None:
@@ -98,10 +129,13 @@ def check(contract: dict, robot: RobotDescription, where: str) -> dict:
     need(action.get("dim") == ACTION_DIM, f"action dim {action.get('dim')!r}, expected {ACTION_DIM}")
     for key in ("scale", "clip"):
         need(isinstance(action.get(key), (int, float)) and action[key] > 0, f"action {key} missing or not positive")
-    lead = action.get("max_relative_target")
+    for key in ("max_relative_target", "goal_margin"):
+        need(key in action, f"action {key} missing: a file from before this format; export it again with "
+                            "`soarm export RUN_DIR`")
+    lead = action["max_relative_target"]
     need(lead is None or (isinstance(lead, (int, float)) and lead > 0),
          f"action max_relative_target {lead!r}: a positive number of rad or null")
-    margin = action.get("goal_margin", 0.0)
+    margin = action["goal_margin"]
     need(isinstance(margin, (int, float)) and 0 <= margin <= 0.5,
          f"action goal_margin {margin!r}: a number of rad in 0..0.5")
     need(contract.get("joint_names") == list(robot.arm_joints),
@@ -142,7 +176,6 @@ def check(contract: dict, robot: RobotDescription, where: str) -> dict:
     need(geometry == robot.geometry_hash(),
          f"robot_description geometry_hash {geometry!r}: the policy was trained on another arm description "
          f"(this one: {robot.geometry_hash()})")
-    return contract
 
 
 def history(contract: dict) -> int:

@@ -6,8 +6,8 @@ neither), with its own actuators: MuJoCo position servos (kp 17.8, force +-3.35 
 damping 0.60, armature 0.028, frictionloss 0.052). Nothing of our servo model is in it, so
 a policy that only works on our plant shows it here.
 
-`MujocoArm` steps N copies of it with the interface the transfer suite drives (the same as
-ArmSim's: `reset`, `step(goal, seconds)`, `measured`, `q`), angles in our joint order.
+`MujocoArm` steps N copies of it behind the plant interface (soarm/plant.py), angles in our
+joint order.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 
 from soarm.config import ConfigError
 from soarm.description import RobotDescription
+from soarm.plant import Plant
 from soarm.servo import TICK
 
 
@@ -69,9 +70,10 @@ def load_model(actuator_scale: float = 1.0):
     return model
 
 
-class MujocoArm:
+class MujocoArm(Plant):
     """N arms of the published model. Goals and readings in rad, our joint order; readings
-    are whole encoder ticks, as the servos report them."""
+    are whole encoder ticks, as the servos report them. Torque off: the position actuator's
+    setpoint follows the joint every physics step, so it exerts nothing."""
 
     def __init__(self, robot: RobotDescription, num_envs: int, actuator_scale: float = 1.0):
         import mujoco
@@ -89,6 +91,7 @@ class MujocoArm:
         self.data = [mujoco.MjData(m) for _ in range(num_envs)]
         self.dt = float(m.opt.timestep)
         self.encoder_offset = np.zeros((num_envs, len(names)))
+        self.enabled = np.ones((num_envs, len(names)), dtype=bool)
 
     def reset(self, q: np.ndarray) -> None:
         """At rest at q [N, J] (rad), servos holding there."""
@@ -97,19 +100,31 @@ class MujocoArm:
             d.qpos[self.qadr] = qi
             d.ctrl[self.act] = qi
             self._mj.mj_forward(self.model, d)
+        self._refill_line(self.measured())
 
-    def step(self, goal: np.ndarray, seconds: float) -> None:
-        """Hold goals [N, J] (rad, encoder frame) for `seconds`."""
-        n = max(1, round(seconds / self.dt))
+    def torque(self, on: np.ndarray) -> None:
+        self.enabled = np.asarray(on, dtype=bool).reshape(self.N, -1).copy()
+
+    def _advance(self, goal: np.ndarray, steps: int) -> None:
         lo, hi = self.model.actuator_ctrlrange[self.act].T
-        for d, g, off in zip(self.data, np.asarray(goal, dtype=float), self.encoder_offset):
-            d.ctrl[self.act] = np.clip(g - off, lo, hi)
-            for _ in range(n):
+        for d, g, off, on in zip(self.data, np.asarray(goal, dtype=float), self.encoder_offset, self.enabled):
+            setpoint = np.clip(g - off, lo, hi)
+            if on.all():
+                d.ctrl[self.act] = setpoint
+                for _ in range(steps):
+                    self._mj.mj_step(self.model, d)
+                continue
+            for _ in range(steps):
+                d.ctrl[self.act] = np.where(on, setpoint, d.qpos[self.qadr])
                 self._mj.mj_step(self.model, d)
 
     @property
     def q(self) -> np.ndarray:
         return np.stack([d.qpos[self.qadr] for d in self.data])
+
+    @property
+    def qd(self) -> np.ndarray:
+        return np.stack([d.qvel[self.vadr] for d in self.data])
 
     def measured(self) -> np.ndarray:
         return np.round((self.q + self.encoder_offset) / TICK) * TICK

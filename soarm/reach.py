@@ -17,8 +17,8 @@ With ReachCfg.obs_history = H > 0, then (obs_terms):
     past_joint_pos   5H rad, the readings of the last H observations, newest first, minus home
     past_joint_goal  5H rad, the goals observed with them, minus home
 Action: 5 values, relative joint-position targets (Isaac Lab's "relative joint position"
-action): goal_t = goal_{t-1} + action_scale * clip(action, +-action_clip), kept within
-max_relative_target of the measured angles and goal_margin inside the joint limits; goal :=
+action): goal_t = goal_{t-1} + scale * clip(action, +-clip), kept within max_relative_target
+of the measured angles and goal_margin inside the joint limits (ActionBounds); goal :=
 measured at start. The commanded goal is the controller's state, so
 the policy observes it. Relative targets make the policy a feedback law on the target
 error: it integrates away gravity sag and friction, which absolute targets cannot do
@@ -34,8 +34,7 @@ import torch
 
 from soarm.description import RobotDescription
 from soarm.dynamics import ArmDynamics
-from soarm.identified import Centre
-from soarm.servo import TICK
+from soarm.servo import TICK, ServoParams
 
 OBS_TERMS: tuple[tuple[str, int, str], ...] = (
     ("joint_pos", 5, "rad"),
@@ -118,12 +117,8 @@ class RewardCfg:
     tanh_fine: float = 0.01            # m
     action_rate: float = -0.01         # * |a_t - a_{t-1}|^2
     joint_vel: float = -0.001          # * |measured joint velocity|^2
-    # weight * |measured joint velocity|^2 on each target window's last settle_ticks control
-    # ticks only: the arm should hold still where the window is judged, without slowing the
-    # reach itself (what joint_vel prices).
-    settle: float = 0.0
-    settle_ticks: int = 10
-    # weight * (1 - tanh(err / tanh_end)) on the same last settle_ticks: the error each window
+    end_ticks: int = 10                # control ticks at each target window's end that position_end pays on
+    # weight * (1 - tanh(err / tanh_end)) on each window's last end_ticks: the error each window
     # is judged on, rewarded on a scale between tanh_fine's and tanh_coarse's, so that an arm
     # stuck a centimetre or two off (a soft or loaded drive) still gains by closing in where
     # position_fine is flat and position_tanh barely slopes. Bounded, so that a window far off
@@ -145,8 +140,8 @@ class RewardCfg:
     def validate(self) -> None:
         if not self.limit_margin >= 0:
             raise ValueError("reward.limit_margin: must not be negative")
-        if self.settle_ticks < 1:
-            raise ValueError("reward.settle_ticks: must be at least 1")
+        if self.end_ticks < 1:
+            raise ValueError("reward.end_ticks: must be at least 1")
         if not min(self.tanh_coarse, self.tanh_fine, self.tanh_end) > 0:
             raise ValueError("reward.tanh_coarse/tanh_fine/tanh_end: must be positive (m)")
 
@@ -201,13 +196,12 @@ class RandomizationCfg:
             raise ValueError("randomization.encoder_offset_ticks/start_noise/pd_min_top_speed: must not be negative")
 
 
-@dataclass
-class ReachCfg:
-    control_hz: float = 30.0
-    physics_dt: float = 0.0056                  # s, rounded to a whole number of substeps
-    episode_s: float = 8.0
-    action_scale: float = 0.05                  # rad of goal change per control step at action 1
-    action_clip: float = 1.0
+@dataclass(frozen=True)
+class ActionBounds:
+    """How an action becomes the next goal (`action_to_goal`): the task's `action`, and what a
+    policy file's contract says it was trained with."""
+    scale: float = 0.05                         # rad of goal change per control step at action 1
+    clip: float = 1.0                           # |action| clipped to this before scaling
     # rad: the goal is kept within this of the measured angle (LeRobot's max_relative_target).
     # Relative targets otherwise wind up on a joint slower than its goals (a stalled, loaded
     # or heavily damped drive) and overshoot by the wound-up lead when it catches up. None: off.
@@ -216,14 +210,30 @@ class ReachCfg:
     # Isaac Lab's soft_joint_pos_limit_factor): a joint held at its stop is where the servo
     # stalls and heats, and where the robot's safety clamp acts.
     goal_margin: float = 0.0
+
+    def validate(self) -> None:
+        if not (self.scale > 0 and self.clip > 0):
+            raise ValueError("action.scale/action.clip: must be positive")
+        if self.max_relative_target is not None and not self.max_relative_target > 0:
+            raise ValueError("action.max_relative_target: must be positive (or null for none)")
+        if not 0 <= self.goal_margin <= 0.5:
+            raise ValueError("action.goal_margin: must be in 0..0.5 rad")
+
+
+@dataclass
+class ReachCfg:
+    control_hz: float = 30.0
+    substeps: int = 6                           # physics steps per control step (physics_dt = 1/180 s)
+    episode_s: float = 8.0
+    action: ActionBounds = field(default_factory=ActionBounds)
     # Past control ticks the policy observes (readings and goals, obs_terms): what a policy
     # needs to tell a soft arm from a stiff one before it has moved. 0: the present only.
     obs_history: int = 0
     # The critic also observes the episode's drawn physics (PRIVILEGED_TERMS); the policy does not.
     critic_physics: bool = False
     servo: str = "servo/sts3215_7v4.yaml"       # relative to configs/
-    # An identified arm (`soarm sysid`'s arm.yaml, relative to configs/ or absolute): the
-    # randomization is centred on it (soarm/identified.py). None: on the nominal servo model.
+    # An identified arm (soarm/arm_params.py: `soarm sysid`'s arm.yaml, relative to configs/ or
+    # absolute): the randomization is centred on it (`draw_physics`). None: on the servo model.
     arm: str | None = None
     command: CommandCfg = field(default_factory=CommandCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)
@@ -232,25 +242,20 @@ class ReachCfg:
     def validate(self) -> None:
         if not 1 <= self.control_hz <= 1000:
             raise ValueError("control_hz: must be in 1..1000")
-        if not 0 < self.physics_dt <= 1 / self.control_hz:
-            raise ValueError("physics_dt: must be positive and at most one control period")
-        if not (self.action_scale > 0 and self.action_clip > 0):
-            raise ValueError("action_scale/action_clip: must be positive")
-        if self.max_relative_target is not None and not self.max_relative_target > 0:
-            raise ValueError("max_relative_target: must be positive (or null for none)")
-        if not 0 <= self.goal_margin <= 0.5:
-            raise ValueError("goal_margin: must be in 0..0.5 rad")
+        if not 1 <= self.substeps <= 100:
+            raise ValueError("substeps: must be in 1..100 physics steps per control step")
         if not 0 <= self.obs_history <= 30:
             raise ValueError("obs_history: must be in 0..30 control ticks")
         if not self.episode_s >= self.command.resample_s:
             raise ValueError("episode_s: must hold at least one target window")
-        if self.reward.settle_ticks > self.window_steps:
-            raise ValueError(f"reward.settle_ticks: {self.reward.settle_ticks} is longer than a target window "
+        if self.reward.end_ticks > self.window_steps:
+            raise ValueError(f"reward.end_ticks: {self.reward.end_ticks} is longer than a target window "
                              f"({self.window_steps} ticks)")
 
     @property
-    def substeps(self) -> int:
-        return max(1, round(1.0 / (self.control_hz * self.physics_dt)))
+    def physics_dt(self) -> float:
+        """s per physics step: every plant of this task (training, the emulator, identification) steps this."""
+        return 1.0 / (self.control_hz * self.substeps)
 
     @property
     def episode_steps(self) -> int:
@@ -293,15 +298,15 @@ def arm_limits(robot: RobotDescription, device, dtype=torch.float32) -> tuple[to
 
 
 def action_to_goal(dyn: ArmDynamics, action: torch.Tensor, goal: torch.Tensor, measured: torch.Tensor,
-                   action_scale: float, action_clip: float, max_relative_target: float | None,
-                   goal_margin: float = 0.0) -> torch.Tensor:
+                   bounds: ActionBounds) -> torch.Tensor:
     """The next arm goal [N, 5] (rad) from the current goal, the measured angles the policy
     observed and policy actions [N, 5]."""
     lo, hi = arm_limits(dyn.robot, action.device, action.dtype)
-    lo, hi = lo + goal_margin, hi - goal_margin
-    goal = goal + action_scale * torch.clamp(action, -action_clip, action_clip)
-    if max_relative_target is not None:
-        goal = torch.clamp(goal, measured - max_relative_target, measured + max_relative_target)
+    lo, hi = lo + bounds.goal_margin, hi - bounds.goal_margin
+    goal = goal + bounds.scale * torch.clamp(action, -bounds.clip, bounds.clip)
+    if bounds.max_relative_target is not None:
+        lead = bounds.max_relative_target
+        goal = torch.clamp(goal, measured - lead, measured + lead)
     return torch.clamp(goal, lo, hi)
 
 
@@ -388,11 +393,10 @@ def limit_clearance(robot: RobotDescription, arm_q: torch.Tensor) -> torch.Tenso
 
 def rewards(cfg: RewardCfg, *, error: torch.Tensor, action: torch.Tensor, last_action: torch.Tensor,
             joint_pos: torch.Tensor, joint_vel: torch.Tensor, clearance: torch.Tensor, deviation: torch.Tensor,
-            below_floor: torch.Tensor, settling: torch.Tensor) -> dict[str, torch.Tensor]:
+            below_floor: torch.Tensor, tail: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-term rewards [N] (already weighted); their sum is the step reward. `joint_pos`
     is measured minus home, `clearance` the measured `limit_clearance`, `deviation` the
-    `deviation_weights`, `settling` [N] bool: this tick is one of its window's last
-    `settle_ticks`."""
+    `deviation_weights`, `tail` [N] bool: this tick is one of its window's last `end_ticks`."""
     dist = error.norm(dim=-1)
     speed = joint_vel.square().sum(-1)
     return {
@@ -401,18 +405,17 @@ def rewards(cfg: RewardCfg, *, error: torch.Tensor, action: torch.Tensor, last_a
         "position_fine": cfg.position_fine * (1 - torch.tanh(dist / cfg.tanh_fine)),
         "action_rate": cfg.action_rate * (action - last_action).square().sum(-1),
         "joint_vel": cfg.joint_vel * speed,
-        "settle": cfg.settle * speed * settling.to(speed.dtype),
-        "position_end": cfg.position_end * (1 - torch.tanh(dist / cfg.tanh_end)) * settling.to(dist.dtype),
+        "position_end": cfg.position_end * (1 - torch.tanh(dist / cfg.tanh_end)) * tail.to(dist.dtype),
         "joint_deviation": joint_pos.abs() @ deviation,
         "joint_limit": cfg.joint_limit * (cfg.limit_margin - clearance).clamp(min=0).sum(-1),
         "floor": cfg.floor * below_floor.to(error.dtype),
     }
 
 
-def settling(steps: torch.Tensor, cfg: ReachCfg) -> torch.Tensor:
+def window_tail(steps: torch.Tensor, cfg: ReachCfg) -> torch.Tensor:
     """[N] bool: the tick being scored, the episode's `steps`-th (from 0), is one of its target
-    window's last `reward.settle_ticks`; the last of them is the window's end."""
-    return steps % cfg.window_steps >= cfg.window_steps - cfg.reward.settle_ticks
+    window's last `reward.end_ticks`; the last of them is the window's end."""
+    return steps % cfg.window_steps >= cfg.window_steps - cfg.reward.end_ticks
 
 
 def uniform(gen: torch.Generator, shape, bounds: tuple[float, float], device, dtype) -> torch.Tensor:
@@ -425,23 +428,31 @@ def log_uniform(gen: torch.Generator, shape, bounds: tuple[float, float], device
     return torch.exp(uniform(gen, shape, (math.log(lo), math.log(hi)), device, dtype))
 
 
-def draw_physics(gen: torch.Generator, cfg: RandomizationCfg, servo, n: int, J: int, device,
-                 dtype=torch.float32, centre: Centre | None = None) -> dict[str, torch.Tensor]:
+def draw_physics(gen: torch.Generator, cfg: RandomizationCfg, servo: ServoParams, n: int, J: int, device,
+                 dtype=torch.float32, centre: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """One draw of the randomized physical parameters (soarm.sim.Physics fields) for n arms,
-    around the servo's identified friction and armature, or around an identified arm."""
+    around the servo model's values, or around an identified arm (`centre`: its
+    ArmParams.rows, [J] each): the drawn multipliers multiply its values, its armature,
+    load-dependent friction and dead-band replace the servo model's, and the drawn backlash
+    range's midpoint moves onto its play (never below 0)."""
     rnd = lambda bounds: uniform(gen, (n, J), bounds, device, dtype)  # noqa: E731
     per_arm = lambda x: x.expand(n, J)                                # noqa: E731
-    fixed = lambda v: torch.full((n, J), v, device=device, dtype=dtype)  # noqa: E731
-    drawn = {"gain_scale": log_uniform(gen, (n, J), cfg.gain_scale, device, dtype),
-             "coulomb": servo.friction_coulomb * rnd(cfg.friction_scale),
-             "viscous": servo.friction_viscous * rnd(cfg.friction_scale),
-             "mass_scale": rnd(cfg.mass_scale),
+    base = centre or {"gain_scale": 1.0, "coulomb": servo.friction_coulomb, "viscous": servo.friction_viscous,
+                      "mass_scale": 1.0, "friction_load": servo.friction_load, "armature": servo.armature,
+                      "deadband": servo.deadband_ticks}
+    fixed = lambda name: torch.as_tensor(base[name], device=device, dtype=dtype).expand(n, J).clone()  # noqa: E731
+    drawn = {"gain_scale": base["gain_scale"] * log_uniform(gen, (n, J), cfg.gain_scale, device, dtype),
+             "coulomb": base["coulomb"] * rnd(cfg.friction_scale),
+             "viscous": base["viscous"] * rnd(cfg.friction_scale),
+             "mass_scale": base["mass_scale"] * rnd(cfg.mass_scale),
              "encoder_offset": tick_offsets(gen, (n, J), cfg.encoder_offset_ticks, device, dtype),
              "backlash": rnd(tuple(math.radians(b) for b in cfg.backlash_deg)),
              "payload": uniform(gen, (n, 1), cfg.payload_kg, device, dtype),
              # Not randomized, but drawn as the servo model's so that an identified arm can move them.
-             "friction_load": fixed(servo.friction_load), "armature": fixed(servo.armature),
-             "deadband": fixed(servo.deadband_ticks)}
+             "friction_load": fixed("friction_load"), "armature": fixed("armature"), "deadband": fixed("deadband")}
+    if centre is not None:
+        mid = math.radians(sum(cfg.backlash_deg) / 2)
+        drawn["backlash"] = torch.clamp(drawn["backlash"] + centre["backlash"] - mid, min=0.0)
     kp = log_uniform(gen, (n, 1), cfg.pd_kp, device, dtype)
     c = 2 * uniform(gen, (n, 1), cfg.pd_damping_ratio, device, dtype) * torch.sqrt(kp * servo.armature)
     inside = uniform(gen, (n, 1), cfg.pd_kv_share, device, dtype)
@@ -452,7 +463,6 @@ def draw_physics(gen: torch.Generator, cfg: RandomizationCfg, servo, n: int, J: 
         outside = torch.minimum(outside, force / cfg.pd_min_top_speed)
     drawn.update(pd=per_arm(pd), pd_kp=per_arm(kp), pd_kv=per_arm(c - outside), pd_damping=per_arm(outside),
                  pd_force=per_arm(force))
-    drawn = drawn if centre is None else centre.physics(drawn, cfg.backlash_deg)
     # An ideal position drive stands for a published model's actuator, which has no gearbox; and
     # a stiff one closed on the output through play limit-cycles whatever its goal (kp ~600-900
     # N m/rad over 1 deg: 1-2 mm of fingertip jitter at a held goal), which no policy can undo.
@@ -478,17 +488,18 @@ def privileged(physics: dict[str, torch.Tensor], latency: torch.Tensor, servo, a
 
 
 def draw_latency(gen: torch.Generator, cfg: RandomizationCfg, n: int, device,
-                 centre: Centre | None = None) -> torch.Tensor:
-    """Each env's goal latency in control ticks [n] (long), uniform over cfg.latency_ticks
-    (or that range moved onto an identified arm's latency)."""
+                 centre: int | None = None) -> torch.Tensor:
+    """Each env's goal latency in control ticks [n] (long), uniform over cfg.latency_ticks, or
+    that range moved so that its midpoint is an identified arm's latency (`centre`, ticks)."""
     lo, hi = cfg.latency_ticks
     drawn = torch.randint(lo, hi + 1, (n,), generator=gen).to(device)
-    return drawn if centre is None else centre.latency(drawn, cfg.latency_ticks)
+    return drawn if centre is None else torch.clamp(drawn + centre - round((lo + hi) / 2), min=0)
 
 
-def max_latency(cfg: RandomizationCfg, centre: Centre | None = None) -> int:
+def max_latency(cfg: RandomizationCfg, centre: int | None = None) -> int:
     """The most control ticks `draw_latency` returns: how long a goal line must be."""
-    return cfg.latency_ticks[1] if centre is None else centre.max_latency(cfg.latency_ticks)
+    lo, hi = cfg.latency_ticks
+    return hi if centre is None else max(0, hi + centre - round((lo + hi) / 2))
 
 
 def tick_offsets(gen: torch.Generator, shape, max_ticks: int, device, dtype) -> torch.Tensor:

@@ -28,10 +28,10 @@ from soarm import CONFIG_DIR, config
 from soarm.description import RobotDescription
 from soarm.dynamics import ArmDynamics
 from soarm.episode_stats import EpisodeStats
-from soarm.identified import task_centre
+from soarm.arm_params import load_arm
 from soarm.reach import (ACTION_DIM, ReachCfg, action_to_goal, delay_goals, deviation_weights, draw_latency,
                          draw_physics, draw_targets, full_pose, limit_clearance, max_latency, observe, privileged,
-                         privileged_dim, push, rewards, sample_targets, settling, terminations, uniform)
+                         privileged_dim, push, rewards, sample_targets, terminations, uniform, window_tail)
 from soarm.servo import ServoConfig
 
 
@@ -99,7 +99,10 @@ class ReachTask:
         self.device = torch.device(device)
         self.dyn = ArmDynamics(robot, self.device)
         self.servo = config.load(ServoConfig, CONFIG_DIR / cfg.servo)
-        self.centre = task_centre(cfg.arm, cfg.servo, robot, self.device)
+        # An identified arm the randomization centres on (ReachCfg.arm): its rows [J], its latency.
+        arm = None if cfg.arm is None else load_arm(cfg.arm, robot, cfg.servo)
+        self.centre = None if arm is None else arm.rows(robot, self.device)
+        self.centre_latency = None if arm is None else arm.latency_ticks
         self.gen = torch.Generator().manual_seed(seed)
         self.arm = torch.tensor(robot.arm_index, device=self.device)
         self.home = torch.as_tensor(robot.home, device=self.device, dtype=torch.float32)
@@ -110,7 +113,7 @@ class ReachTask:
         self.handed_out = 0                              # given targets handed out so far
         self.replay = cfg.randomization.hard_replay if targets is None else 0.0
         self.physics: dict[str, torch.Tensor] | None = None   # each env's episode physics (kept where replay is on)
-        self.state = TaskState.zeros(num_envs, ACTION_DIM, max_latency(cfg.randomization, self.centre),
+        self.state = TaskState.zeros(num_envs, ACTION_DIM, max_latency(cfg.randomization, self.centre_latency),
                                      cfg.obs_history, privileged_dim(cfg), self.device)
         self.episodes = EpisodeStats(num_envs, self.device)
         self._action = self.state.last_action            # this step's action, between act and finish_step
@@ -119,15 +122,14 @@ class ReachTask:
     def max_backlash(self) -> float:
         """rad: the most gearbox play a draw can give (the embedded simulator sizes for it)."""
         play = math.radians(self.cfg.randomization.backlash_deg[1])
-        return play + (0.0 if self.centre is None else float(self.centre.backlash.max()))
+        return play + (0.0 if self.centre is None else float(self.centre["backlash"].max()))
 
     # ------------------------------------------------------------------ step
     def act(self, actions: torch.Tensor) -> torch.Tensor:
         """The arm goals [N, A] (rad) that reach the servos this step: the policy's relative
         targets from the goal it commands, `latency` ticks late."""
         s, cfg = self.state, self.cfg
-        s.goal = action_to_goal(self.dyn, actions, s.goal, s.last_reading, cfg.action_scale, cfg.action_clip,
-                                cfg.max_relative_target, cfg.goal_margin)
+        s.goal = action_to_goal(self.dyn, actions, s.goal, s.last_reading, cfg.action)
         applied, s.goals_in_flight = delay_goals(s.goals_in_flight, s.goal, s.latency)
         self._action = actions
         return applied
@@ -144,7 +146,7 @@ class ReachTask:
         terms = rewards(cfg.reward, error=error, action=self._action, last_action=s.last_action,
                         joint_pos=reading - self.home, joint_vel=(reading - s.last_reading) * cfg.control_hz,
                         clearance=limit_clearance(self.robot, reading), deviation=self.deviation, below_floor=below,
-                        settling=settling(s.steps, cfg))
+                        tail=window_tail(s.steps, cfg))
         reward = torch.stack(list(terms.values())).sum(0)
         s.last_action = self._action
         final_obs = self.observation(reading)
@@ -187,7 +189,7 @@ class ReachTask:
         n, rand, dev = self.num_envs, self.cfg.randomization, self.device
         physics = draw_physics(self.gen, rand, self.servo.params, n, len(self.robot.names), dev, torch.float32,
                                self.centre)
-        latency = draw_latency(self.gen, rand, n, dev, self.centre)
+        latency = draw_latency(self.gen, rand, n, dev, self.centre_latency)
         if self.replay and self.physics is not None:
             physics, latency = self._replay_hard(mask, physics, latency)
         s = self.state
@@ -264,9 +266,7 @@ class ReachTask:
             raise ValueError(f"task state holds {held} environments, this task has {self.num_envs}")
         self.gen.set_state(state["gen"])
         self.episodes.load_state_dict(state["episodes"])
-        fresh = TaskState.zeros(self.num_envs, ACTION_DIM, 0, self.cfg.obs_history, privileged_dim(self.cfg),
-                                self.device).as_dict()
-        self.state = TaskState(**{**fresh, **{k: v.to(self.device) for k, v in state["state"].items()}})
+        self.state = TaskState(**{k: v.to(self.device) for k, v in state["state"].items()})
         self.handed_out = state["handed_out"]
-        physics = state.get("physics")          # a checkpoint from before hard_replay has none
+        physics = state["physics"]
         self.physics = None if physics is None else {k: v.to(self.device) for k, v in physics.items()}

@@ -108,9 +108,7 @@ class ArmSim:
             setattr(self, k, state[k].to(device))
         for k, v in state["firmware"].items():
             setattr(self.firmware, k, v.to(device))
-        # A checkpoint from before a Physics field existed keeps this sim's (nominal) value for it.
-        self.physics = Physics(**{**dataclasses.asdict(self.physics),
-                                  **{k: v.to(device) for k, v in state["physics"].items()}})
+        self.physics = Physics(**{k: v.to(device) for k, v in state["physics"].items()})
 
     def reset(self, mask: torch.Tensor, q: torch.Tensor) -> None:
         """Place environments `mask` at rest at q, torque on with goal := present."""

@@ -34,7 +34,7 @@ def tiny_policy(tmp_path_factory):
     """A small exported policy (2 PPO iterations): the contract and the code path of a real one."""
     from soarm.export.exporter import export
     from soarm.training.runner import Runner
-    from test_runner import tiny_cfg
+    from tests.helpers import tiny_cfg
 
     root = tmp_path_factory.mktemp("policy")
     Runner(tiny_cfg(2), root / "run", progress=False).learn()

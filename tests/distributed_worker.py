@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_runner import tiny_cfg  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1]))          # the repository: `tests` is a package there
+from tests.helpers import tiny_cfg  # noqa: E402
 
 from soarm.training.runner import Runner, close_distributed  # noqa: E402
 

@@ -5,11 +5,10 @@ import json
 
 import pytest
 
-from soarm.calibration.calibration import (MotorCalibration, calibrate_emulated, check_home, check_servos, load,
+from soarm.calibration.calibration import (MotorCalibration, check_home, check_servos, load,
                                            rad_to_ticks, save, ticks_to_rad)
 from soarm.config import ConfigError
-from soarm.robot.bus import FeetechBus
-from soarm.robot.emulator import ServoBusEmulator
+from tests.helpers import calibrated_arm
 from tests.reference.lerobot_calibration import LEROBOT_SO101 as LEROBOT
 
 
@@ -111,12 +110,8 @@ def test_malformed_calibration_is_one_line(tmp_path, text, words):
 
 @pytest.mark.bus
 def test_procedure_against_the_emulated_arm(robot):
-    names = list(robot.names)
-    ids = {n: i + 1 for i, n in enumerate(names)}
-    with ServoBusEmulator(seed=5) as emu:
-        bus = FeetechBus(emu.port, ids)
-        bus.connect()
-        cal = calibrate_emulated(emu, bus, robot)
+    ids = {n: i + 1 for i, n in enumerate(robot.names)}
+    with calibrated_arm(robot, seed=5) as (emu, bus, cal):
         lo, hi = robot.lower, robot.upper
         # The mapping gives back the true angles.
         q_true = [0.3, 0.5, -0.4, 0.8, -1.0, 0.2]

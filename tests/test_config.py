@@ -1,5 +1,6 @@
 import dataclasses
 
+import numpy as np
 import pytest
 
 from soarm import CONFIG_DIR, config
@@ -23,7 +24,8 @@ def test_default_task_loads(task_cfg):
     ("control_hz: fast\n", ["task.yaml", "control_hz", "number"]),
     ("command:\n  radius: 0.3\n", ["task.yaml", "command.radius", "list"]),
     ("control_hz: [1\n", ["task.yaml", "malformed YAML"]),
-    ("physics_dt: 1.0\n", ["task.yaml", "physics_dt"]),
+    ("substeps: 0\n", ["task.yaml", "substeps"]),
+    ("physics_dt: 0.0056\n", ["task.yaml", "unknown key 'physics_dt'"]),
 ])
 def test_bad_task_config_is_one_line_error(tmp_path, text, words):
     with pytest.raises(ConfigError) as e:
@@ -47,7 +49,7 @@ def test_overrides_are_validated():
 
 
 def test_a_dumped_config_loads_back_the_same(tmp_path):
-    cfg = config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml", {"max_relative_target": 0.3})
+    cfg = config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml", {"action.max_relative_target": 0.3})
     assert config.load(ReachCfg, config.dump(cfg, tmp_path / "task.yaml")) == cfg
 
 
@@ -64,3 +66,32 @@ def test_train_overrides_reach_the_task_and_a_resumed_run_keeps_its_own(tmp_path
     assert resumed.reward.joint_limit == -6.0 and resumed.episode_s == 4.0
     with pytest.raises(ConfigError, match="a resumed run keeps its task"):
         load_cfg(DEFAULT_CONFIG, {"task": str(trained)}, resume)
+
+
+def test_each_physical_constant_is_defined_once():
+    """The physics step, the control rate and the servo file are the task's (configs/task/
+    reach.yaml, ReachCfg): no code holds a copy that could drift (the emulator once integrated
+    at 0.0056 s while training stepped 1/180 s)."""
+    import re
+
+    from soarm import REPO_ROOT
+    from soarm.calibration.sysid import SysidCfg, load_windows
+    from soarm.description import load_robot
+    from soarm.logs import MotionLog
+    from soarm.robot.emulator_physics import build_plant
+
+    task = config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml")
+    robot = load_robot()
+    home = dict(zip(robot.arm_joints, robot.home))
+    q0 = [float(home.get(n, robot.gripper_hold)) for n in robot.names]
+    assert build_plant(robot, q0, False, "armsim", None).dt == task.physics_dt == 1 / 180
+    t = np.arange(300) / 30
+    goal = np.asarray(robot.home)[None] + 0.1 * np.sin(t)[:, None]
+    log = MotionLog("x.mcap", list(robot.arm_joints), t, goal, goal, np.ones(300, dtype=bool), 30.0)
+    assert load_windows([log], robot, SysidCfg(), task.physics_dt).dt == task.physics_dt
+    code = [p for d in ("soarm", "training", "export", "robot", "calibration", "ros2_ws", "benchmarks")
+            for p in (REPO_ROOT / d).rglob("*.py")]
+    for pattern, home_of in ((r"sts3215_7v4", "soarm/reach.py"), (r"0\.0056|1(\.0)? / 180\b", None),
+                             (r"control_hz: float = ", "soarm/reach.py")):
+        found = sorted(str(p.relative_to(REPO_ROOT)) for p in code if re.search(pattern, p.read_text()))
+        assert found == ([home_of] if home_of else []), (pattern, found)

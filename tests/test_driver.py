@@ -8,32 +8,21 @@ import pytest
 
 from soarm.calibration import calibration
 from soarm.robot.driver import DISABLED, ENABLED, FAULT, PARKING, DriverCfg, ReachDriver, Trajectory
-from soarm.robot.bus import FeetechBus
-from soarm.robot.emulator import FaultCfg, ServoBusEmulator
+from soarm.robot.emulator import FaultCfg
 from soarm.robot.emulator_process import EmulatorProcess
-from soarm.robot.enclog import read_log
+from soarm.logs import read_log
+from tests.helpers import calibrated_arm, wait_until as wait
 
 pytestmark = pytest.mark.bus
 
 
 @pytest.fixture
 def emulated(tmp_path, robot):
-    with ServoBusEmulator(seed=7) as emu:
-        bus = FeetechBus(emu.port, {n: i + 1 for i, n in enumerate(robot.names)})
-        bus.connect()
-        cal = calibration.calibrate_emulated(emu, bus, robot)
+    """A calibrated emulated arm and its calibration file; the bus is the driver's to open."""
+    with calibrated_arm(robot, seed=7) as (emu, bus, cal):
         bus.close()
         calibration.save(cal, tmp_path / "cal.json")
         yield emu, str(tmp_path / "cal.json")
-
-
-def wait(pred, timeout=5.0):
-    t_end = time.monotonic() + timeout
-    while time.monotonic() < t_end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_a_failing_front_end_callback_ends_in_torque_off_and_the_driver_recovers(emulated, tiny_policy):
@@ -156,14 +145,14 @@ def test_disable_parks_the_arm_slowly_then_turns_torque_off(emulated, tiny_polic
     finally:
         driver.close()
     _, ticks = read_log(next((tmp_path / "logs").glob("*.mcap")))
-    first = next(i for i, t in enumerate(ticks) if t["move"] is not None)
+    first = next(i for i, t in enumerate(ticks) if t.move is not None)
     parked = ticks[first - 1:]
-    max_step = parked[-1]["move"]["max_step"]
+    max_step = parked[-1].move["max_step"]
     assert max_step == pytest.approx(driver.cfg.park_speed / driver.rate)
-    goals = np.array([t["goal_sent"] for t in parked])
+    goals = np.array([t.goal_sent for t in parked])
     assert np.abs(np.diff(goals, axis=0)).max() <= max_step + 1e-6
-    read = [p for p in parked[1:] if p["q"] is not None]             # a failed read logs no position
-    t, q = np.array([p["t"] for p in read]), np.array([p["q"] for p in read])
+    read = [p for p in parked[1:] if p.q is not None]             # a failed read logs no position
+    t, q = np.array([p.t for p in read]), np.array([p.q for p in read])
     for i in range(len(t)):                                         # every window of >= 0.5 s
         j = np.searchsorted(t, t[i] + 0.5)
         if j < len(t):
@@ -202,10 +191,10 @@ def test_a_trajectory_runs_on_its_times_through_the_clamps_and_a_target_ends_it(
     finally:
         driver.close()
     _, ticks = read_log(next((tmp_path / "logs").glob("*.mcap")))
-    moved = [t for t in ticks if t.get("move") and t["move"]["name"] == "trajectory"]
-    goals = np.array([t["goal_sent"] for t in moved])
+    moved = [t for t in ticks if t.move and t.move["name"] == "trajectory"]
+    goals = np.array([t.goal_sent for t in moved])
     assert len(moved) > 30 and np.abs(np.diff(goals, axis=0)).max() <= driver.cfg.safety.max_step + 1e-6
-    setpoints = np.array([t["move"]["pose"] for t in moved])
+    setpoints = np.array([t.move["pose"] for t in moved])
     assert np.all(np.diff(setpoints[:, 2]) * np.sign(target - setpoints[0, 2]) >= -1e-6)   # on its way, monotone
     assert abs(setpoints[-1, 2] - target) < 1e-6
 

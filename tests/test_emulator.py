@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from soarm import REPO_ROOT, config
 from soarm.calibration.calibration import check_servos, load, ticks_to_rad
 from soarm.robot.bus import FeetechBus
 from soarm.robot.emulator import REPLY_BUDGET_S, ServoBusEmulator
@@ -56,7 +57,7 @@ def test_a_stall_of_the_physics_process_is_replayed_not_dropped(robot):
     the arm for the stall, and a sysid log recorded across one no replay explains: the kept
     recording with a 0.1 s freeze every 5 s replays the lift at 5.3 mrad with the true values
     instead of 2.0."""
-    from soarm.robot.plant import CATCH_UP_S, PlantProcess
+    from soarm.robot.emulator_physics import CATCH_UP_S, PlantProcess
 
     plant = PlantProcess(robot, compile=True)
     try:
@@ -182,79 +183,81 @@ def test_sigterm_stops_the_emulator_cleanly(tmp_path):
 
 
 # ------------------------------------------------------------------ a perturbed arm (issue 19)
-def test_a_perturbed_arm_is_drawn_from_its_seed_within_the_stated_ranges():
+def test_a_perturbed_arm_is_drawn_from_its_seed_within_the_stated_ranges(robot):
     import math
 
-    from soarm.robot.plant import CONTROL_HZ, Perturbation
+    from soarm.arm_params import ArmParams
+    from soarm.servo import ServoConfig
 
-    assert Perturbation.draw(3, 6) == Perturbation.draw(3, 6) != Perturbation.draw(4, 6)
-    draws = [Perturbation.draw(seed, 6) for seed in range(200)]
-    for name, lo, hi in (("friction_scale", 0.5, 2.0), ("gain_scale", 0.7, 1.3), ("mass_scale", 0.8, 1.2),
-                         ("backlash", 0.0, math.radians(1.5)), ("viscous_scale", 0.5, 2.0),
-                         ("friction_load_scale", 0.5, 2.0), ("armature_scale", 0.8, 1.25), ("deadband_ticks", 0, 2)):
-        values = [x for d in draws for x in getattr(d, name)]
+    servo_file = "servo/sts3215_7v4.yaml"
+    s = config.load(ServoConfig, REPO_ROOT / "configs" / servo_file).params
+    draw = lambda seed: ArmParams.random(seed, robot, servo_file)            # noqa: E731
+    assert draw(3) == draw(3) != draw(4)
+    draws = [draw(seed) for seed in range(200)]
+    for name, lo, hi in (("coulomb", 0.5 * s.friction_coulomb, 2.0 * s.friction_coulomb), ("gain_scale", 0.7, 1.3),
+                         ("mass_scale", 0.8, 1.2), ("backlash", 0.0, math.radians(1.5)),
+                         ("viscous", 0.5 * s.friction_viscous, 2.0 * s.friction_viscous),
+                         ("friction_load", 0.5 * s.friction_load, 2.0 * s.friction_load),
+                         ("armature", 0.8 * s.armature, 1.25 * s.armature), ("deadband", 0, 2)):
+        values = [getattr(j, name) for d in draws for j in d.joints.values()]
         assert lo <= min(values) and max(values) <= hi, name
         assert max(values) - min(values) > 0.8 * (hi - lo), name        # the whole range is visited
-    assert {round(d.latency_s * CONTROL_HZ, 9) for d in draws} == {0, 1, 2}
-    assert {x for d in draws for x in d.deadband_ticks} == {0, 1, 2}
+    assert {d.latency_ticks for d in draws} == {0, 1, 2}
+    assert {j.deadband for d in draws for j in d.joints.values()} == {0, 1, 2}
 
 
 def test_the_perturbed_plant_applies_every_difference(robot):
     """In-process (no physics process): friction, gain, masses, backlash, armature and
-    dead-band land in the plant's physics, goals arrive `latency_s` late, and the arm moves
-    differently. A perturbation without the later fields (a --reveal file from before them)
-    leaves those at the servo model's, the viscous friction scaled as the Coulomb."""
+    dead-band land in the plant's physics, goals arrive `latency_ticks` late, and the arm moves
+    differently."""
     import numpy as np
 
-    from soarm.robot.plant import Perturbation, _ArmSimStepper
+    from soarm.arm_params import ArmParams, JointParams
+    from soarm.robot.emulator_physics import build_plant
+    from soarm.servo import ServoConfig
 
-    J = len(robot.names)
-    early = dict(friction_scale=(2.0,) * J, gain_scale=(0.7,) * J, mass_scale=(1.2,) * J,
-                 backlash=(0.02,) * J, latency_s=2 / 30)
-    p = Perturbation(**early, viscous_scale=(0.5,) * J, friction_load_scale=(1.5,) * J, armature_scale=(1.2,) * J,
-                     deadband_ticks=(2.0,) * J)
+    s = config.load(ServoConfig, REPO_ROOT / "configs" / "servo" / "sts3215_7v4.yaml").params
+    joint = JointParams(gain_scale=0.7, coulomb=2 * s.friction_coulomb, viscous=0.5 * s.friction_viscous,
+                        friction_load=1.5 * s.friction_load, armature=1.2 * s.armature, deadband=2.0, mass_scale=1.2,
+                        backlash=0.02)
+    arm = ArmParams("servo/sts3215_7v4.yaml", latency_ticks=2, joints={n: joint for n in robot.names})
     home = dict(zip(robot.arm_joints, robot.home))
     q0 = [float(home.get(n, robot.gripper_hold)) for n in robot.names]
-    nominal, odd = _ArmSimStepper(robot, 0.0056, q0, False), _ArmSimStepper(robot, 0.0056, q0, False, p)
+    nominal, odd = build_plant(robot, q0, False, "armsim", None), build_plant(robot, q0, False, "armsim", arm)
     a, b = nominal.sim.physics, odd.sim.physics
     assert np.allclose(b.coulomb, 2 * a.coulomb) and np.allclose(b.viscous, 0.5 * a.viscous)
     assert np.allclose(b.gain_scale, 0.7) and np.allclose(b.mass_scale, 1.2) and np.allclose(b.backlash, 0.02)
     assert np.allclose(b.friction_load, 1.5 * a.friction_load) and np.allclose(b.armature, 1.2 * a.armature)
     assert np.allclose(b.deadband, 2.0) and not np.allclose(a.deadband, 2.0)
     assert odd.sim.gear_play and not nominal.sim.gear_play
-    old = _ArmSimStepper(robot, 0.0056, q0, False, Perturbation(**early)).sim.physics
-    assert np.allclose(old.viscous, 2 * a.viscous) and np.allclose(old.armature, a.armature)
-    assert np.allclose(old.deadband, a.deadband) and np.allclose(old.friction_load, a.friction_load)
-    goal = np.array(q0) + np.array([0.3] + [0.0] * (J - 1))
-    torque = np.ones(J, dtype=bool)
+    goal = np.array(q0) + np.array([0.3] + [0.0] * (len(q0) - 1))
     held = []
     for _ in range(40):
         for plant in (nominal, odd):
-            plant.step(goal, torque)
+            plant.torque(np.ones((1, len(q0)), dtype=bool))
+            plant.step(goal[None], plant.dt)
         held.append(float(odd.sim.goal[0, 0]))
-    late = round(p.latency_s / odd.dt)
+    late = round(2 / 30 / odd.dt)
     assert held[late - 2] == pytest.approx(q0[0], abs=2e-3) and held[late + 1] == pytest.approx(goal[0], abs=2e-3)
-    assert abs(nominal.state()[0][0] - odd.state()[0][0]) > 0.01
+    assert abs(nominal.q[0, 0] - odd.q[0, 0]) > 0.01
 
 
-def test_a_perturbed_emulator_answers_and_reveals_only_when_asked(tmp_path):
-    from dataclasses import asdict
-
+def test_a_perturbed_emulator_answers_and_reveals_only_when_asked(tmp_path, robot):
+    from soarm.arm_params import ArmParams, load_arm
     from soarm.robot.emulator_process import EmulatorProcess
-    from soarm.robot.plant import Perturbation
 
-    reveal = tmp_path / "hidden.json"
+    reveal = tmp_path / "hidden.yaml"
     with EmulatorProcess(tmp_path / "cal.json", args=("--no-compile", "--perturb", "3", "--reveal", str(reveal))) as emu:
         bus = FeetechBus(emu.port, IDS)
         bus.connect()
         assert len(bus.sync_read("Present_Position")) == len(IDS)
         bus.close()
-    assert json.loads(reveal.read_text()) == json.loads(json.dumps(asdict(Perturbation.draw(3, 6))))
+    assert load_arm(reveal, robot) == ArmParams.random(3, robot, "servo/sts3215_7v4.yaml").resolved(robot)
 
 
 @pytest.mark.parametrize("args, words", [
     (("--perturb", "3", "--plant", "mujoco"), "--perturb: the perturbed plant is armsim, not mujoco"),
-    (("--reveal", "x.json"), "--reveal: only with --perturb SEED"),
+    (("--reveal", "x.yaml"), "--reveal: only with --perturb SEED"),
 ])
 def test_bad_perturbation_options_are_one_line(args, words):
     r = run_cli("--no-compile", *args)

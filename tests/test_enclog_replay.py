@@ -5,14 +5,12 @@ import numpy as np
 import pytest
 
 from soarm import REPO_ROOT, cli
-from soarm.calibration.calibration import calibrate_emulated
 from soarm.export.runtime import PolicyRuntime
-from soarm.robot.bus import FeetechBus
-from soarm.robot.emulator import ServoBusEmulator
-from soarm.robot.enclog import EncoderLogWriter, LogError, read_log
+from soarm.logs import EncoderLogWriter, LogError, read_log
 from soarm.robot.loop import ControlLoop
-from soarm.robot.replay import import_bam, replay
+from soarm.robot.replay import import_bam, replay_decisions
 from soarm.robot.safety import SafetyCfg, SafetyLayer
+from tests.helpers import calibrated_arm
 
 pytestmark = pytest.mark.bus
 
@@ -25,10 +23,7 @@ def recorded(tmp_path_factory, tiny_policy):
 
     robot = load_robot()
     path = tmp_path_factory.mktemp("log") / "run.mcap"
-    with ServoBusEmulator(seed=4) as emu:
-        bus = FeetechBus(emu.port, {n: i + 1 for i, n in enumerate(robot.names)})
-        bus.connect()
-        cal = calibrate_emulated(emu, bus, robot)
+    with calibrated_arm(robot, seed=4) as (emu, bus, cal):
         loop = ControlLoop(bus, PolicyRuntime(tiny_policy), cal, SafetyLayer.for_arm(SafetyCfg(), robot, cal),
                            target=lambda: np.array([0.2, 0.05, 0.12], dtype=np.float32))
         loop.start()
@@ -42,16 +37,16 @@ def recorded(tmp_path_factory, tiny_policy):
 def test_log_round_trip_and_exact_replay(recorded, tiny_policy):
     header, ticks = read_log(recorded)
     assert header["source"] == "soarm" and len(ticks) >= 25
-    assert {"t", "raw", "q", "target", "action", "goal_sent", "decision", "events", "fault"} <= set(ticks[0])
-    report = replay(header, ticks, PolicyRuntime(tiny_policy))
+    assert all(x is not None for x in (ticks[0].raw, ticks[0].q, ticks[0].target, ticks[0].goal_sent))
+    report = replay_decisions(header, ticks, PolicyRuntime(tiny_policy))
     assert report["ticks_differing"] == 0 and report["max_abs_diff_rad"] < 1e-5, report
 
 
 def test_replay_with_another_policy_shows_where_it_differs(recorded, tiny_policy, tmp_path):
     header, ticks = read_log(recorded)
     for t in ticks:                                   # as if another target had been commanded
-        t["target"] = [0.3, -0.1, 0.25]
-    report = replay(header, ticks, PolicyRuntime(tiny_policy))
+        t.target = [0.3, -0.1, 0.25]
+    report = replay_decisions(header, ticks, PolicyRuntime(tiny_policy))
     assert report["ticks_differing"] > 0 and report["first_difference_tick"] is not None
 
 
@@ -92,7 +87,7 @@ def test_real_encoder_streams_through_the_deployed_pipeline_stay_inside_the_clam
     from soarm.robot.safety import SafetyCfg, SafetyLayer
 
     header, ticks = import_bam(log)
-    report = replay(header, ticks, PolicyRuntime(REPO_ROOT / "data" / "policies" / "reach.onnx"))
+    report = replay_decisions(header, ticks, PolicyRuntime(REPO_ROOT / "data" / "policies" / "reach.onnx"))
     _, _, recomputed, _, _ = report["_series"]
     cal = {n: MotorCalibration(**c) for n, c in header["calibration"].items()}
     cfg = SafetyCfg(**header["safety"]) if "safety" in header else SafetyCfg()

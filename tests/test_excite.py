@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from soarm import REPO_ROOT
-from soarm.robot.excite import ExcitationCfg, make_plan
+from soarm.calibration.excite import ExcitationCfg, make_plan
 
 ARM = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll"]
 LOWER = np.array([-1.8, -1.6, -1.6, -1.5, -2.8])
@@ -64,11 +64,11 @@ def test_dry_run_opens_no_port(tmp_path, capsys):
 
 @pytest.mark.bus
 def test_excitation_runs_through_the_driver_into_an_encoder_log(tmp_path):
-    from soarm.robot import enclog
+    from soarm import logs
     from soarm.robot.bus import FeetechBus
     from soarm.robot.driver import DriverCfg, ReachDriver
     from soarm.robot.emulator_process import EmulatorProcess
-    from soarm.robot.excite import driver_plan, excite
+    from soarm.calibration.excite import driver_plan, excite
 
     cfg = ExcitationCfg(chirp_s=2.0, dwell_s=0.5)
     with EmulatorProcess(tmp_path / "cal.json", seed=3, args=("--no-compile",)) as emu:
@@ -83,10 +83,10 @@ def test_excitation_runs_through_the_driver_into_an_encoder_log(tmp_path):
         assert all(bus.read("Torque_Enable", sid) == 0 for sid in range(1, 7))      # ends torque off
         bus.close()
     (log,) = (tmp_path / "logs").glob("*.mcap")
-    _, ticks = enclog.read_log(log)
-    moving = [t for t in ticks if t["move"] and t["move"]["name"] == "trajectory" and t["q"] and t["goal_sent"]]
-    q = np.array([t["q"] for t in moving])
-    goal = np.array([t["goal_sent"] for t in moving])
+    _, ticks = logs.read_log(log)
+    moving = [t for t in ticks if t.move and t.move["name"] == "trajectory" and t.q and t.goal_sent]
+    q = np.array([t.q for t in moving])
+    goal = np.array([t.goal_sent for t in moving])
     elbow = ARM.index("elbow_flex")
     assert np.ptp(goal[:, elbow]) > 2 * cfg.min_amplitude
     # The servo followed its goals: a reading lags its goal by the bus, the latency and the
@@ -95,4 +95,4 @@ def test_excitation_runs_through_the_driver_into_an_encoder_log(tmp_path):
     q, goal = q[:, elbow], goal[:, elbow]
     error = min(np.sqrt(((q[lag:] - goal[:len(goal) - lag]) ** 2).mean()) for lag in range(9))
     assert error < 0.2 * np.std(goal), (error, np.std(goal))
-    assert any(t.get("status") for t in ticks)                         # load, voltage, temperature recorded
+    assert any(t.status for t in ticks)                         # load, voltage, temperature recorded

@@ -18,7 +18,7 @@ from soarm.training.env import ReachEnv
 from soarm.training.evaluate import evaluate
 from soarm.training.runner import Runner
 
-from test_runner import tiny_cfg
+from tests.helpers import tiny_cfg
 
 
 @pytest.fixture(scope="module")
@@ -80,15 +80,17 @@ def test_runtime_builds_the_same_observation_as_the_sim(exported, task_cfg):
                      past[0].numpy(), past[1].numpy())
     np.testing.assert_array_equal(obs, env.obs.numpy())
     a = rt.act(obs)
-    want = s.goal + task_cfg.action_scale * torch.clamp(torch.from_numpy(a), -1, 1)
-    if task_cfg.max_relative_target is not None:
-        want = torch.clamp(want, q - task_cfg.max_relative_target, q + task_cfg.max_relative_target)
-    m = task_cfg.goal_margin
+    bounds = task_cfg.action
+    want = s.goal + bounds.scale * torch.clamp(torch.from_numpy(a), -1, 1)
+    if bounds.max_relative_target is not None:
+        want = torch.clamp(want, q - bounds.max_relative_target, q + bounds.max_relative_target)
+    m = bounds.goal_margin
     want = torch.clamp(want, torch.tensor(env.robot.lower[env.robot.arm_index] + m, dtype=torch.float32),
                        torch.tensor(env.robot.upper[env.robot.arm_index] - m, dtype=torch.float32))
     np.testing.assert_allclose(rt.next_goal(s.goal.numpy(), a, q.numpy()), want.numpy(), atol=1e-7)
 
 
+@pytest.mark.slow
 def test_a_policy_with_a_history_runs_on_the_robot_path_as_in_the_sim(tmp_path, task_cfg):
     """obs_history=3 end to end: the file's contract names the past terms, the runtime builds
     the sim's observation from the past readings and goals, PolicyStep keeps them newest
@@ -132,6 +134,7 @@ def test_a_policy_with_a_history_runs_on_the_robot_path_as_in_the_sim(tmp_path, 
     assert abs(a["mean_error_m"] - b["mean_error_m"]) < 1e-4
 
 
+@pytest.mark.slow
 def test_a_critic_that_saw_the_physics_stays_out_of_the_file(tmp_path, task_cfg):
     """critic_physics: the file holds the policy alone (its observation, its normalizer
     statistics), and acts as the checkpoint does."""
@@ -139,7 +142,7 @@ def test_a_critic_that_saw_the_physics_stays_out_of_the_file(tmp_path, task_cfg)
     Runner(tiny_cfg(2), tmp_path / "run", progress=False, task=task).learn()
     export(tmp_path / "run", tmp_path / "policy.onnx", verify_count=200)
     rt = PolicyRuntime(tmp_path / "policy.onnx")
-    assert rt.obs_dim == obs_dim(task.obs_history) == rt.contract["obs_dim"]
+    assert rt.obs_dim == obs_dim(task.obs_history) == rt.contract.obs_dim
     model = checkpoint.build_model(checkpoint.load(tmp_path / "run"))
     assert model.input_dim == rt.obs_dim + PRIVILEGED_DIM
     with torch.no_grad():
@@ -252,22 +255,22 @@ def test_the_runtime_applies_the_contracts_goal_bound(exported, tmp_path):
     goal = np.full((1, 5), 0.05, dtype=np.float32)         # already 0.05 rad ahead of the arm
     np.testing.assert_allclose(rt.next_goal(goal, np.ones((1, 5)), q), np.full((1, 5), 0.02), atol=1e-7)
     free = PolicyRuntime(root / "policy.onnx")
-    assert free.max_relative_target is None
-    np.testing.assert_allclose(free.next_goal(goal, np.ones((1, 5)), q), goal + free.scale, atol=1e-7)
+    assert free.bounds.max_relative_target is None
+    np.testing.assert_allclose(free.next_goal(goal, np.ones((1, 5)), q), goal + free.bounds.scale, atol=1e-7)
 
 
 def test_the_runtime_keeps_goals_the_contracts_margin_inside_the_limits(exported, tmp_path):
     """Goals pushed at a joint's limits stop goal_margin inside them, as in training; a file from
-    before the field clamps at the limits themselves."""
+    before the field is refused, saying how to make it again."""
     root, _ = exported
     rt = PolicyRuntime(root / "policy.onnx")
-    assert rt.goal_margin == pytest.approx(0.15)
+    assert rt.bounds.goal_margin == pytest.approx(0.15)
     idx = rt.robot.arm_index
     lo, hi = rt.robot.lower[idx], rt.robot.upper[idx]
     at_upper, at_lower = hi[None].astype(np.float32), lo[None].astype(np.float32)
     np.testing.assert_allclose(rt.next_goal(at_upper, np.ones((1, 5)), at_upper), (hi - 0.15)[None], atol=1e-6)
     np.testing.assert_allclose(rt.next_goal(at_lower, -np.ones((1, 5)), at_lower), (lo + 0.15)[None], atol=1e-6)
     _with_contract(root / "policy.onnx", tmp_path / "old.onnx", lambda c: c["action"].pop("goal_margin"))
-    old = PolicyRuntime(tmp_path / "old.onnx")
-    assert old.goal_margin == 0.0
-    np.testing.assert_allclose(old.next_goal(at_upper, np.ones((1, 5)), at_upper), hi[None], atol=1e-6)
+    with pytest.raises(PolicyError, match="goal_margin missing.*soarm export") as e:
+        PolicyRuntime(tmp_path / "old.onnx")
+    assert "\n" not in str(e.value)

@@ -15,6 +15,7 @@ import pytest
 from soarm import REPO_ROOT, cli
 
 
+@pytest.mark.isaac
 def test_isaac_lab_reach_env_and_our_ppo_in_their_own_venv():
     setup = subprocess.run(["bash", str(REPO_ROOT / "training" / "isaac" / "setup.sh")], capture_output=True,
                            text=True, timeout=2400)

@@ -49,6 +49,7 @@ def test_training_forward_gradients_match_autograd(activation):
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_compiled_training_forward_is_the_deployed_network():
     """Under torch.compile the training forward takes another form (fused bias adds, the
     output layer as dot products); it must stay the function that is exported."""

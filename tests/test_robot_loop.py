@@ -6,12 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from soarm.calibration.calibration import calibrate_emulated
 from soarm.export.runtime import PolicyRuntime
-from soarm.robot.bus import FeetechBus
-from soarm.robot.emulator import FaultCfg, ServoBusEmulator
+from soarm.robot.emulator import FaultCfg
 from soarm.robot.loop import ControlLoop
 from soarm.robot.safety import SafetyCfg, SafetyLayer
+from tests.helpers import calibrated_arm
 
 pytestmark = pytest.mark.bus
 
@@ -20,11 +19,7 @@ TARGET = np.array([0.2, 0.0, 0.15], dtype=np.float32)
 
 @pytest.fixture
 def arm(robot, tiny_policy):
-    with ServoBusEmulator(seed=2) as emu:
-        ids = {n: i + 1 for i, n in enumerate(robot.names)}
-        bus = FeetechBus(emu.port, ids)
-        bus.connect()
-        cal = calibrate_emulated(emu, bus, robot)
+    with calibrated_arm(robot, seed=2) as (emu, bus, cal):
         rt = PolicyRuntime(tiny_policy)
         safety = SafetyLayer.for_arm(SafetyCfg(), robot, cal)
         yield emu, bus, cal, rt, safety

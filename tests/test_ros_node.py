@@ -28,7 +28,7 @@ from soarm.robot.emulator_process import EmulatorProcess
 ROS_PKG = REPO_ROOT / "ros2_ws" / "src" / "so_arm_policy"
 REFERENCE_POLICY = REPO_ROOT / "data" / "policies" / "reach.onnx"
 
-from ros_harness import Client, NodeProcess, diag_with  # noqa: E402  (sets the ROS environment first)
+from tests.ros_harness import Client, NodeProcess, diag_with  # noqa: E402  (sets the ROS environment first)
 from so_arm_policy import params  # noqa: E402
 
 pytestmark = pytest.mark.bus
@@ -173,8 +173,8 @@ def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path, r
     from soarm.dynamics import ArmDynamics
     from soarm.export.runtime import PolicyRuntime
     from soarm.reach import CommandCfg, ReachCfg, full_pose, sample_targets
-    from soarm.robot.enclog import read_log
-    from soarm.robot.replay import replay
+    from soarm.logs import read_log
+    from soarm.robot.replay import replay_decisions
 
     assert REFERENCE_POLICY.is_file(), f"{REFERENCE_POLICY}: the shipped reference policy is missing"
     emu, start = rig
@@ -207,7 +207,7 @@ def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path, r
     # The same plant without ROS, bus or emulator: the transfer suite's runner (the robot's
     # own decision step), nominal, one arm through the same 20 targets.
     from soarm.robot.safety import SafetyCfg
-    from soarm.robot.transfer import PLANTS, SuiteContext, run_plant
+    from soarm.calibration.transfer import PLANTS, SuiteContext, run_plant
     from soarm.servo import ServoConfig
 
     task = config.load(ReachCfg, REPO_ROOT / "configs" / "task" / "reach.yaml")
@@ -227,7 +227,7 @@ def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path, r
     logs = sorted((tmp_path / "logs").glob("*.mcap"))
     assert len(logs) == 1
     header, ticks = read_log(logs[0])
-    report = replay(header, ticks, rt)
+    report = replay_decisions(header, ticks, rt)
     assert report["ticks"] > 20 * window * 25 and report["ticks_differing"] == 0 and report["events_differing"] == 0
     d = client.diag[-1]
     # The node's rate is measured in benchmarks/ros_node_tick.py; here a loop that cannot hold
@@ -440,7 +440,7 @@ def test_description_states_diagnostics_and_parameter_descriptors(rig, client):
     client.wait_for(lambda: client.velocities and len(client.velocities[-1]) == len(robot.names))
     names = {f"so_arm_policy: servo {i + 1} ({n})" for i, n in enumerate(robot.names)}
     client.wait_for(lambda: names <= set(client.servo_diag), timeout=30)
-    servo = client.servo_diag[f"so_arm_policy: servo 3 (elbow_flex)"]
+    servo = client.servo_diag["so_arm_policy: servo 3 (elbow_flex)"]
     assert servo["level"] == 0 and servo["error_bits"] == "0x00" and float(servo["voltage_v"]) > 5
 
     r = client.call("/so_arm_policy/describe_parameters", srv_type=DescribeParameters,

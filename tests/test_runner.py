@@ -11,17 +11,8 @@ import torch
 
 from soarm import REPO_ROOT, cli
 from soarm.training import checkpoint
-from soarm.training.modules import PolicyCfg
-from soarm.training.ppo import PPOCfg
-from soarm.training.runner import RunCfg, Runner, TrainCfg, TrainingDiverged
-
-
-def tiny_cfg(iterations: int, **run) -> TrainCfg:
-    return TrainCfg(
-        run=RunCfg(num_envs=32, iterations=iterations, compile=False, save_every=2, eval_targets=0, **run),
-        policy=PolicyCfg(actor_hidden=(32, 32), critic_hidden=(32, 32)),
-        ppo=PPOCfg(num_steps=8, epochs=2, minibatches=2),
-    )
+from soarm.training.runner import Runner, TrainingDiverged
+from tests.helpers import tiny_cfg
 
 
 def params(runner):
@@ -128,6 +119,7 @@ def test_evaluate_a_checkpoint_from_the_cli(tmp_path, capsys):
     assert {"mean_error_m", "median_error_m", "p95_error_m", "success_5mm"} <= set(result)
 
 
+@pytest.mark.slow
 def test_distributed_training_on_gloo(tmp_path):
     """torchrun, 2 processes on CPU: identical weights on both ranks, merged normalizer,
     checkpoints from rank 0 only."""

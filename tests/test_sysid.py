@@ -9,12 +9,19 @@ import pytest
 import torch
 
 from soarm import CONFIG_DIR, config
+from soarm.calibration.sysid import SysidCfg, load_windows
 from soarm.description import load_robot
-from soarm.robot.enclog import EncoderLogWriter, LogError
-from soarm.robot.sysid import SysidCfg, load_windows
+from soarm.logs import EncoderLogWriter, LogError, TickRecord, read_motion
+from soarm.reach import ReachCfg
 
 ROBOT = load_robot()
 ARM = list(ROBOT.arm_joints)
+TASK = config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml")
+DT, SUBSTEPS = TASK.physics_dt, TASK.substeps
+
+
+def windows(paths, cfg=None):
+    return load_windows([read_motion(p) for p in paths], ROBOT, cfg or SysidCfg(), DT)
 
 
 def gravity_on(joint: int, mass_scale: list[float]) -> float:
@@ -36,8 +43,8 @@ def write_log(path, n=120, rate=30.0, moving=True, torque=True, t_back_at=None):
     for k in range(n):
         t = (k if t_back_at is None or k < t_back_at else k - 3) / 30.0
         q = list(ROBOT.home + (0.2 * math.sin(t) if moving else 0.0))
-        writer.write({"t": t, "raw": {}, "q": q, "goal_sent": q if torque else None,
-                      "decision": "command" if torque else "torque_off"})
+        writer.write(TickRecord(t=t, raw={}, q=q, goal_sent=q if torque else None,
+                                decision="command" if torque else "torque_off"))
     return writer.close()
 
 
@@ -45,20 +52,20 @@ def write_log(path, n=120, rate=30.0, moving=True, torque=True, t_back_at=None):
     ({"n": 30}, ["too short", "1.0 s of commanded motion"]),
     ({"moving": False}, ["no motion"]),
     ({"torque": False}, ["torque is off throughout"]),
-    ({"t_back_at": 50}, ["timestamps go backwards at tick 50"]),
+    ({"t_back_at": 50}, ["row 50", "timestamps go backwards"]),
     ({"rate": 0.0}, ["no control rate"]),
 ])
 def test_a_log_unfit_for_identification_is_one_line_naming_it(tmp_path, kw, words):
     log = write_log(tmp_path / "bad.mcap", **kw)
     with pytest.raises(LogError) as e:
-        load_windows([log], ROBOT, SysidCfg())
+        windows([log])
     msg = str(e.value)
     assert "\n" not in msg and "bad.mcap" in msg and all(w in msg for w in words), msg
 
 
 def test_a_moving_log_is_cut_into_windows_on_the_physics_grid(tmp_path):
     log = write_log(tmp_path / "ok.mcap", n=900)                          # 30 s
-    w = load_windows([log], ROBOT, SysidCfg(window_s=10.0))
+    w = windows([log], SysidCfg(window_s=10.0))
     assert w.q0.shape == (3, len(ARM)) and w.pose == ["home"] * 3
     assert math.isclose(w.dt, 1 / 180) and int(w.valid.sum()) == 900
     k = w.valid[0]
@@ -68,38 +75,42 @@ def test_a_moving_log_is_cut_into_windows_on_the_physics_grid(tmp_path):
 def test_training_draws_centre_on_the_identified_arm():
     import dataclasses
 
-    from soarm.identified import IdentifiedArm, centre_of
-    from soarm.reach import ReachCfg, draw_latency, draw_physics, max_latency
+    from soarm.arm_params import ArmParams, JointParams
+    from soarm.reach import draw_latency, draw_physics, max_latency
     from soarm.servo import ServoConfig
 
-    task = config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml")
-    servo = config.load(ServoConfig, CONFIG_DIR / task.servo).params
-    arm = IdentifiedArm(servo=task.servo, joints=ARM, gain_scale=[0.8, 1.2, 1.0, 1.0, 1.0],
-                        friction_scale=[2.0, 1.0, 1.0, 1.0, 0.5], mass_scale=[1.0, 1.1, 1.0, 1.0, 1.0],
-                        backlash_deg=[1.2, 0.0, 0.0, 0.0, 0.0], latency_ticks=2)
+    servo = config.load(ServoConfig, CONFIG_DIR / TASK.servo).params
+    joints = {"shoulder_pan": JointParams(gain_scale=0.8, coulomb=2.0 * servo.friction_coulomb,
+                                          backlash=math.radians(1.2)),
+              "shoulder_lift": JointParams(gain_scale=1.2, mass_scale=1.1),
+              "wrist_roll": JointParams(coulomb=0.5 * servo.friction_coulomb)}
+    arm = ArmParams(servo=TASK.servo, latency_ticks=2, joints=joints)
     J, n = len(ROBOT.names), 20000
-    centre = centre_of(arm, ROBOT)
-    nominal = draw_physics(torch.Generator().manual_seed(0), task.randomization, servo, n, J, "cpu")
-    centred = draw_physics(torch.Generator().manual_seed(0), task.randomization, servo, n, J, "cpu", centre=centre)
+    nominal = draw_physics(torch.Generator().manual_seed(0), TASK.randomization, servo, n, J, "cpu")
+    centred = draw_physics(torch.Generator().manual_seed(0), TASK.randomization, servo, n, J, "cpu",
+                           centre=arm.rows(ROBOT))
     ratio = lambda k: (centred[k] / nominal[k]).mean(0)                 # noqa: E731
-    np.testing.assert_allclose(ratio("gain_scale")[:5], arm.gain_scale, rtol=1e-6)
-    np.testing.assert_allclose(ratio("coulomb")[:5], arm.friction_scale, rtol=1e-6)
-    np.testing.assert_allclose(ratio("viscous")[:5], arm.friction_scale, rtol=1e-6)   # a file before the split
+    np.testing.assert_allclose(ratio("gain_scale")[:5], [0.8, 1.2, 1.0, 1.0, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(ratio("coulomb")[:5], [2.0, 1.0, 1.0, 1.0, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(ratio("mass_scale")[:5], [1.0, 1.1, 1.0, 1.0, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(ratio("viscous")[:5], 1.0, rtol=1e-6)     # a field left out: the servo model's
     assert ratio("gain_scale")[5] == 1.0                                 # the gripper: nominal
     servo_arms = ~centred["pd"][:, 0]                                    # a position-driven arm has no play
     assert abs(math.degrees(float(centred["backlash"][servo_arms, 0].mean())) - 1.2) < 0.05
     assert centred["backlash"][~servo_arms].eq(0).all()
     assert float(centred["backlash"].min()) >= 0.0
-    lat = draw_latency(torch.Generator().manual_seed(0), task.randomization, n, "cpu", centre)
-    assert set(lat.tolist()) == {1, 2, 3} and max_latency(task.randomization, centre) == 3   # [0, 2] about 2
-    split = dataclasses.replace(arm, viscous_scale=[0.5, 1.0, 1.0, 1.0, 3.0], friction_load_scale=[1.5] * 5,
-                                armature_scale=[0.8] * 5, deadband_ticks=[0.0, 2.0, 3.0, 1.0, 0.0])
-    centred = draw_physics(torch.Generator().manual_seed(0), task.randomization, servo, n, J, "cpu",
-                           centre=centre_of(split, ROBOT))
-    np.testing.assert_allclose(ratio("viscous")[:5], split.viscous_scale, rtol=1e-6)
-    np.testing.assert_allclose(ratio("friction_load")[:5], split.friction_load_scale, rtol=1e-6)
-    np.testing.assert_allclose(ratio("armature")[:5], split.armature_scale, rtol=1e-6)
-    assert centred["deadband"][:, :5].eq(torch.tensor(split.deadband_ticks)).all()
+    lat = draw_latency(torch.Generator().manual_seed(0), TASK.randomization, n, "cpu", arm.latency_ticks)
+    assert set(lat.tolist()) == {1, 2, 3} and max_latency(TASK.randomization, arm.latency_ticks) == 3   # [0, 2] about 2
+    split = dataclasses.replace(arm, joints={n: JointParams(viscous=s * servo.friction_viscous,
+                                                            friction_load=1.5 * servo.friction_load,
+                                                            armature=0.8 * servo.armature, deadband=d)
+                                             for n, s, d in zip(ARM, [0.5, 1.0, 1.0, 1.0, 3.0], [0, 2, 3, 1, 0])})
+    centred = draw_physics(torch.Generator().manual_seed(0), TASK.randomization, servo, n, J, "cpu",
+                           centre=split.rows(ROBOT))
+    np.testing.assert_allclose(ratio("viscous")[:5], [0.5, 1.0, 1.0, 1.0, 3.0], rtol=1e-6)
+    np.testing.assert_allclose(ratio("friction_load")[:5], 1.5, rtol=1e-6)
+    np.testing.assert_allclose(ratio("armature")[:5], 0.8, rtol=1e-6)
+    assert centred["deadband"][:, :5].eq(torch.tensor([0.0, 2.0, 3.0, 1.0, 0.0])).all()
     assert centred["deadband"][:, 5].eq(servo.deadband_ticks).all()       # the gripper: the servo model's
 
 
@@ -115,24 +126,27 @@ EXPLAINED = 0.35
 
 
 def hidden_arm(truth_file: Path):
-    """What `soarm emulate --perturb` drew (its --reveal file), as sysid would write it."""
-    import json
+    """What `soarm emulate --perturb` drew (its --reveal file: an arm file, as sysid writes one)."""
+    from soarm.arm_params import load_arm
 
-    from soarm.robot.plant import Perturbation
+    return load_arm(truth_file, ROBOT)
 
-    p = Perturbation(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(truth_file.read_text()).items()})
-    return p.identified(ROBOT, "servo/sts3215_7v4.yaml")
+
+def fitting(w, compile: bool = False):
+    from soarm.calibration.sysid import Fitting
+    from soarm.servo import ServoConfig
+
+    return Fitting(w, ROBOT, config.load(ServoConfig, CONFIG_DIR / TASK.servo), SUBSTEPS, SysidCfg(compile=compile))
 
 
 def replay_errors(w, truth_file: Path):
     """[A] mrad each joint of windows `w` replays at with the values the emulator hid, and with
     the nominal model's."""
-    from soarm.robot.sysid import Candidates, nominal, rms_per_joint
-    from soarm.servo import ServoConfig
+    from soarm.calibration.sysid import Candidates, nominal, rms_per_joint
 
-    servo = config.load(ServoConfig, CONFIG_DIR / "servo" / "sts3215_7v4.yaml")
-    truth = Candidates.of(hidden_arm(truth_file), SysidCfg().substeps, servo.params)
-    return rms_per_joint(w, truth, ROBOT, servo), rms_per_joint(w, nominal(len(ARM), servo.params), ROBOT, servo)
+    f = fitting(w)
+    truth = Candidates.of(hidden_arm(truth_file), ROBOT, f.servo.params, SUBSTEPS)
+    return rms_per_joint(f, truth), rms_per_joint(f, nominal(len(ARM), f.servo.params))
 
 
 @pytest.mark.bus
@@ -145,16 +159,16 @@ def test_the_excitation_over_the_pty_records_what_the_arm_did(tmp_path):
     is not. On failure it names each window's error, so a bad stretch shows where it is."""
     from soarm import REPO_ROOT
     from soarm.robot.emulator_process import EmulatorProcess
-    from soarm.robot.excite import ExcitationCfg, excite_arm
+    from soarm.calibration.excite import ExcitationCfg, excite_arm
 
-    truth_file = tmp_path / "truth.json"
+    truth_file = tmp_path / "truth.yaml"
     args = ("--perturb", str(PERTURB_SEED), "--reveal", str(truth_file))
     with EmulatorProcess(tmp_path / "cal.json", seed=PERTURB_SEED, args=args) as emu:
         report = excite_arm(emu.port, emu.calibration, REPO_ROOT / "data" / "policies" / "reach.onnx",
                             ExcitationCfg(**SHORT_PLAN), EXCITED, tmp_path / "logs", out=lambda line: None)
     emulator = emu.output[-1]                   # its counters and how far its physics fell behind
     assert not report.fault and len(report.done) == 4, (report, emulator)
-    w = load_windows(report.logs, ROBOT, SysidCfg())
+    w = windows(report.logs)
     hidden, before = replay_errors(w, truth_file)
     excited = [ARM.index(j) for j in EXCITED]
     by_window = lambda: [(w.source[i], replay_errors(w.take([i]), truth_file)[0][excited].tolist())  # noqa: E731
@@ -162,6 +176,7 @@ def test_the_excitation_over_the_pty_records_what_the_arm_did(tmp_path):
     assert (hidden[excited] < EXPLAINED * before[excited]).all(), (hidden, before, emulator, by_window())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shift", [1, -1], ids=["goal_a_tick_late", "goal_a_tick_early"])
 def test_a_log_recorded_a_tick_off_is_one_the_hidden_arm_does_not_explain(tmp_path, shift):
     """What the bus test above guards against, on the recorded log: each goal logged with the
@@ -169,18 +184,21 @@ def test_a_log_recorded_a_tick_off_is_one_the_hidden_arm_does_not_explain(tmp_pa
     (0.41 / 0.32) leaves the hidden arm too far from the log on at least one joint (the log as
     recorded: 0.14 / 0.07; a physics that froze 0.1 s every 5 s, the emulator's stall rule
     before it replayed stalls: 0.35 / 0.19)."""
-    from soarm.robot.enclog import EncoderLogWriter, read_log
+    import dataclasses
+
+    from soarm.logs import read_log
 
     header, ticks = read_log(RECORDED / "perturb6_pan_lift.mcap")
     writer = EncoderLogWriter(tmp_path / "shifted.mcap", header)
     for k in range(1, len(ticks) - 1):
-        goal = ticks[k - shift]["goal_sent"]
-        writer.write({**ticks[k], "goal_sent": goal if ticks[k]["goal_sent"] is not None else None})
-    hidden, before = replay_errors(load_windows([writer.close()], ROBOT, SysidCfg()), RECORDED / "truth.json")
+        goal = ticks[k - shift].goal_sent
+        writer.write(dataclasses.replace(ticks[k], goal_sent=goal if ticks[k].goal_sent is not None else None))
+    hidden, before = replay_errors(windows([writer.close()]), RECORDED / "truth.yaml")
     excited = [ARM.index(j) for j in EXCITED]
     assert (hidden[excited] > EXPLAINED * before[excited]).any(), (hidden, before)
 
 
+@pytest.mark.slow
 def test_sysid_recovers_an_emulated_arm_it_was_not_told_about():
     """The fit, with its defaults, on the recorded excitation of `--perturb 6` (2 ticks of
     latency, 1.27 deg of pan backlash), compared with what the emulator hid. Fitted on a
@@ -214,54 +232,51 @@ def test_sysid_recovers_an_emulated_arm_it_was_not_told_about():
     - latency: the control tick the emulator delays goals by;
     - the excited joints' RMS below half the nominal model's and within 10 % of what the
       hidden values themselves replay at (the fit reached the floor the log allows)."""
-    from soarm.robot.sysid import Candidates, fit, nominal, rms_per_joint
-    from soarm.servo import ServoConfig
+    from soarm.calibration.sysid import Candidates, fit, nominal, rms_per_joint
 
-    truth = hidden_arm(RECORDED / "truth.json")
-    servo = config.load(ServoConfig, CONFIG_DIR / "servo" / "sts3215_7v4.yaml")
-    w = load_windows(sorted(RECORDED.glob("*.mcap")), ROBOT, SysidCfg())
-    best = fit(w, ROBOT, servo, SysidCfg(), out=lambda line: None)
-    got = {k: v[0].tolist() for k, v in best.values().items()}
+    truth = hidden_arm(RECORDED / "truth.yaml")
+    f = fitting(windows(sorted(RECORDED.glob("*.mcap"))), compile=True)
+    sp = f.servo.params
+    best = fit(f, out=lambda line: None)
+    got = {k: v[0].tolist() for k, v in best.values(sp).items()}          # per arm joint, the fields' units
+    hid = lambda name: [getattr(truth.joints[n], name) for n in ARM]       # noqa: E731
     pan, lift = ARM.index("shoulder_pan"), ARM.index("shoulder_lift")
     for j in (pan, lift):
-        assert got["gain_scale"][j] == pytest.approx(truth.gain_scale[j], rel=0.15), (ARM[j], got, truth)
-        assert got["viscous_scale"][j] == pytest.approx(truth.viscous_scale[j], rel=0.4), (ARM[j], got, truth)
-        assert got["armature_scale"][j] == pytest.approx(truth.armature_scale[j], rel=0.15), (ARM[j], got, truth)
-        assert got["friction_load_scale"][j] == pytest.approx(truth.friction_load_scale[j], rel=0.5), \
-            (ARM[j], got, truth)
-    assert got["friction_scale"][pan] == pytest.approx(truth.friction_scale[pan], rel=0.4), (got, truth)
-    load, sp = abs(gravity_on(lift, truth.mass_scale)), servo.params
-    holding = lambda c, fl: sp.friction_coulomb * c + sp.friction_load * fl * load      # noqa: E731
-    assert holding(got["friction_scale"][lift], got["friction_load_scale"][lift]) == pytest.approx(
-        holding(truth.friction_scale[lift], truth.friction_load_scale[lift]), rel=0.15), (got, truth)
-    assert gravity_on(lift, got["mass_scale"]) == pytest.approx(gravity_on(lift, truth.mass_scale), rel=0.1), \
+        for name, rel in (("gain_scale", 0.15), ("viscous", 0.4), ("armature", 0.15), ("friction_load", 0.5)):
+            assert got[name][j] == pytest.approx(hid(name)[j], rel=rel), (ARM[j], name, got, truth)
+    assert got["coulomb"][pan] == pytest.approx(hid("coulomb")[pan], rel=0.4), (got, truth)
+    load = abs(gravity_on(lift, hid("mass_scale")))
+    holding = lambda c, fl: c + fl * load                                 # noqa: E731 - N m the gearbox holds
+    assert holding(got["coulomb"][lift], got["friction_load"][lift]) == pytest.approx(
+        holding(hid("coulomb")[lift], hid("friction_load")[lift]), rel=0.15), (got, truth)
+    assert gravity_on(lift, got["mass_scale"]) == pytest.approx(gravity_on(lift, hid("mass_scale")), rel=0.1), \
         (got, truth)
-    assert got["backlash_deg"][pan] == pytest.approx(truth.backlash_deg[pan], abs=0.5), (got, truth)
-    assert round(float(best.latency[0]) / SysidCfg().substeps) == truth.latency_ticks
+    assert math.degrees(got["backlash"][pan]) == pytest.approx(math.degrees(hid("backlash")[pan]), abs=0.5), (got, truth)
+    assert round(float(best.latency[0]) / SUBSTEPS) == truth.latency_ticks
     excited = [pan, lift]
-    fitted, before, floor = (rms_per_joint(w, c, ROBOT, servo, compile=True)[excited]
-                             for c in (best, nominal(len(ARM), servo.params),
-                                       Candidates.of(truth, SysidCfg().substeps, servo.params)))
+    fitted, before, floor = (rms_per_joint(f, c)[excited]
+                             for c in (best, nominal(len(ARM), sp), Candidates.of(truth, ROBOT, sp, SUBSTEPS)))
     assert (fitted < 0.5 * before).all() and (fitted < 1.1 * floor).all(), (fitted, before, floor)
 
 
 def test_an_identified_arm_file_is_checked_and_centres_the_training_env(tmp_path, task_cfg):
     import dataclasses
 
-    from soarm.identified import IdentifiedArm
+    from soarm.arm_params import ArmParams, JointParams
     from soarm.training.env import ReachEnv
 
-    arm = IdentifiedArm(servo=task_cfg.servo, joints=ARM, gain_scale=[2.0] * 5, friction_scale=[1.0] * 5,
-                        mass_scale=[1.0] * 5, backlash_deg=[0.5] * 5, latency_ticks=1)
+    arm = ArmParams(servo=task_cfg.servo, latency_ticks=1,
+                    joints={n: JointParams(gain_scale=2.0, backlash=math.radians(0.5)) for n in ARM})
     path = config.dump(arm, tmp_path / "arm.yaml")
     base = dataclasses.replace(task_cfg, randomization=dataclasses.replace(task_cfg.randomization, pd_share=0.0))
     nominal, centred = (ReachEnv(dataclasses.replace(base, arm=a), 256, seed=0) for a in (None, str(path)))
     ratio = centred.sim.physics.gain_scale[:, :5] / nominal.sim.physics.gain_scale[:, :5]
     assert torch.allclose(ratio, torch.tensor(2.0)) and centred.sim.gear_play
     centred.step(torch.zeros(256, 5))
-    for text, words in [(path.read_text().replace("wrist_roll", "wrist_twist"), "not this robot's arm joints"),
+    for text, words in [(path.read_text().replace("wrist_roll", "wrist_twist"), "'wrist_twist' is not a joint"),
                         (path.read_text().replace("sts3215_7v4", "sts3250"), "identified on the servo model"),
-                        (path.read_text() + "colour: red\n", "unknown key 'colour'")]:
+                        (path.read_text() + "colour: red\n", "unknown key 'colour'"),
+                        ("servo: servo/sts3215_7v4.yaml\ngain_scale: [1, 1, 1, 1, 1]\n", "soarm sysid")]:
         bad = tmp_path / "bad.yaml"
         bad.write_text(text)
         with pytest.raises(config.ConfigError, match=words) as e:
@@ -273,19 +288,21 @@ def test_sysid_refuses_a_parameter_it_does_not_know_before_it_moves(tmp_path, ca
     from soarm import cli
 
     rc = cli.main(["sysid", "--port", str(tmp_path / "ttyACM5"), "--calibration", str(tmp_path / "c.json"),
-                   "--fit", "gain_scale,stiction"])
+                   "--fitted", "gain_scale", "stiction"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err and "unknown parameter stiction" in err, err
 
 
+@pytest.mark.slow
 def test_sysid_writes_an_arm_file_training_reads_a_report_and_a_plot(tmp_path):
-    from soarm.identified import load_arm
-    from soarm.robot.sysid import sysid
+    from soarm.arm_params import load_arm
+    from soarm.calibration.search import SearchCfg
+    from soarm.calibration.sysid import sysid
 
     log = write_log(tmp_path / "moving.mcap", n=150)
-    result = sysid([log], tmp_path / "out", SysidCfg(iterations=1, polish_steps=1, population=4, elites=2, compile=False),
-                   out=lambda line: None)
+    cfg = SysidCfg(search=SearchCfg(iterations=1, polish_steps=1, population=4, elites=2), compile=False)
+    result = sysid([log], tmp_path / "out", cfg, out=lambda line: None)
     arm = load_arm(tmp_path / "out" / "arm.yaml", ROBOT, "servo/sts3215_7v4.yaml")
-    assert arm.joints == ARM and arm.gain_scale == result.arm.gain_scale
+    assert all(arm.joints[n] == result.arm.resolved(ROBOT).joints[n] for n in ROBOT.names)
     assert (tmp_path / "out" / "sysid.json").is_file() and (tmp_path / "out" / "sysid.png").stat().st_size > 0
     assert all(j.rms_held_out_mrad is None for j in result.joints)       # one pose only: nothing to hold out

@@ -9,7 +9,7 @@ import torch
 from soarm import REPO_ROOT, cli
 from soarm.description import with_payload
 from soarm.reach import full_pose
-from soarm.robot.transfer import PLANTS, jitter, parse_plants, run_suite
+from soarm.calibration.transfer import PLANTS, jitter, parse_plants, run_suite
 
 POLICY = REPO_ROOT / "data" / "policies" / "reach.onnx"
 
@@ -22,8 +22,8 @@ def test_unknown_plant_is_one_line_listing_the_known_ones(capsys, tmp_path):
     assert parse_plants(None) == list(PLANTS)
 
 
+@pytest.mark.slow
 def test_suite_runs_the_policy_on_our_plant_and_on_mujoco(tmp_path):
-    pytest.importorskip("mujoco")
     out = tmp_path / "t.json"
     assert cli.main(["transfer", str(POLICY), "--plants", "nominal,mujoco,latency_1", "--targets", "4",
                      "--out", str(out)]) == 0
@@ -40,6 +40,7 @@ def test_suite_runs_the_policy_on_our_plant_and_on_mujoco(tmp_path):
     assert rows["mujoco"]["mean_error_m"] != rows["nominal"]["mean_error_m"]
 
 
+@pytest.mark.slow
 def test_a_task_file_sets_the_spread_the_randomized_row_draws(tmp_path, capsys):
     """`--task RUN/task.yaml` judges a policy on the randomization it trained on; a task of
     another control rate than the policy's, or no task file, is one line and writes nothing."""
@@ -73,6 +74,7 @@ def test_a_task_file_sets_the_spread_the_randomized_row_draws(tmp_path, capsys):
     assert not (tmp_path / "bad.json").exists()
 
 
+@pytest.mark.slow
 def test_a_drawn_plant_sends_several_arms_to_each_target():
     """The randomized row judges 4 arms, each drawn apart, on each of the suite's targets."""
     rows = run_suite(POLICY, ["nominal", "randomized"], targets=4, progress=False)["plants"]
@@ -90,6 +92,7 @@ def test_jitter_is_the_fingertips_rms_motion_about_where_it_holds():
     assert jitter(chatter) == pytest.approx([0.0, 0.002])
 
 
+@pytest.mark.slow
 def test_same_targets_and_seed_give_the_same_figures():
     a = run_suite(POLICY, ["calibration_10ticks"], targets=4, progress=False)
     b = run_suite(POLICY, ["calibration_10ticks"], targets=4, progress=False)
@@ -97,7 +100,7 @@ def test_same_targets_and_seed_give_the_same_figures():
 
 
 def test_rows_are_judged_against_their_bounds():
-    from soarm.robot.transfer import judge, summary
+    from soarm.calibration.transfer import judge, summary
 
     def row(mean, sensed, clear=1.0):
         return {"mean_error_m": mean, "sensed_mean_error_m": sensed, "clear_of_limits": clear}
@@ -116,7 +119,6 @@ def test_rows_are_judged_against_their_bounds():
 def test_mujoco_actuator_scale_scales_stiffness_and_damping():
     """x4: kp x4 and damping x2, the added half as the actuator's kv (inside its force limit);
     x0.25: kp x0.25, the joint's damping halved."""
-    pytest.importorskip("mujoco")
     from soarm.mujoco_arm import load_model
 
     base, stiff, soft = load_model(), load_model(actuator_scale=4.0), load_model(actuator_scale=0.25)
@@ -131,7 +133,6 @@ def test_mujoco_actuator_scale_scales_stiffness_and_damping():
 def test_a_stiffer_mujoco_servo_is_as_fast_as_the_published_one(robot, dyn64):
     """Its damping is its drive's: at the force limit the x50 arm's pan turns as fast as the
     published arm's (joint damping outside the limit would cap it at 0.79 rad/s)."""
-    pytest.importorskip("mujoco")
     from soarm.mujoco_arm import MujocoArm
 
     peak = {}

@@ -1,1 +1,1 @@
-"""Train: the embedded reach environment, PPO and its runner, evaluation, servo identification."""
+"""Train: the embedded reach environment, PPO and its runner, evaluation, the Isaac Lab backend."""

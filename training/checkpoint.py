@@ -18,7 +18,9 @@ from soarm.reach import ACTION_DIM, ReachCfg, obs_dim, privileged_dim
 from soarm.training.modules import ActorCritic, PolicyCfg
 from soarm.files import atomic_write
 
-FORMAT = "soarm-ppo/1"
+# Raised whenever what a checkpoint holds changes meaning (2: the task's `action` section and
+# `substeps`; strict simulator and task state).
+FORMAT = "soarm-ppo/2"
 _NAME = re.compile(r"model_(\d+)\.pt$")
 
 
@@ -51,8 +53,11 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> dict:
     except Exception as e:  # noqa: BLE001 - truncated, not a torch file, foreign pickle...
         msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: not a readable checkpoint ({msg})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+    found = state.get("format") if isinstance(state, dict) else type(state).__name__
+    if isinstance(found, str) and found.startswith("soarm-ppo/") and found != FORMAT:
+        raise CheckpointError(f"{path}: a checkpoint of an older version of soarm ({found}, this one reads {FORMAT}); "
+                              "train it again with `soarm train`")
+    if found != FORMAT:
         raise CheckpointError(f"{path}: not a soarm PPO checkpoint (format {found!r}, expected {FORMAT!r})")
     missing = {"iteration", "model", "cfg", "task"} - set(state)
     if missing:

@@ -37,7 +37,7 @@ class ReachEnv:
         self.task = ReachTask(cfg, self.robot, num_envs, self.device, seed, targets)
         servo, rand = self.task.servo, cfg.randomization
         self.sim = ArmSim(self.robot, servo.params, servo.registers, num_envs,
-                          dt=1.0 / (cfg.control_hz * cfg.substeps), device=device, backlash=self.task.max_backlash,
+                          dt=cfg.physics_dt, device=device, backlash=self.task.max_backlash,
                           pd_drives=rand.pd_share > 0, carries_payload=rand.payload_kg[1] > 0)
         self.dyn = self.sim.dyn
         self.num_obs, self.num_actions = obs_dim(cfg.obs_history), ACTION_DIM
@@ -90,8 +90,6 @@ class ReachEnv:
         return {"task": self.task.state_dict(), "sim": self.sim.state_dict(), "obs": self.obs}
 
     def load_state_dict(self, state: dict) -> None:
-        if "task" not in state:                          # a checkpoint from before soarm.reach_task
-            state = _task_layout(state)
         self.task.load_state_dict(state["task"])
         self.sim.load_state_dict(state["sim"])
         self.obs = state["obs"].to(self.device)
@@ -99,13 +97,3 @@ class ReachEnv:
     def pop_stats(self) -> dict[str, float]:
         return self.task.episodes.pop()
 
-
-_RENAMED = {"target": "target", "action": "last_action", "goal": "goal", "goal_line": "goals_in_flight",
-            "delay": "latency", "prev_meas": "last_reading", "step_count": "steps"}
-
-
-def _task_layout(old: dict) -> dict:
-    """An env state saved when the env kept the task's tensors itself, as the task keeps them."""
-    task = {"gen": old["gen"], "episodes": old["episodes"], "handed_out": 0,
-            "state": {new: old[k] for k, new in _RENAMED.items()}}
-    return {"task": task, "sim": old["sim"], "obs": old["obs"]}

@@ -10,13 +10,12 @@ from __future__ import annotations
 import torch
 
 from soarm.dynamics import ArmDynamics
-from soarm.reach import OBS_SLICES, full_pose
+from soarm.reach import OBS_SLICES, ActionBounds, full_pose
 
 
 class ScriptedReach:
-    def __init__(self, dyn: ArmDynamics, action_scale: float, action_clip: float, gain: float = 0.1,
-                 damping: float = 0.02):
-        self.dyn, self.scale, self.clip, self.gain, self.damping = dyn, action_scale, action_clip, gain, damping
+    def __init__(self, dyn: ArmDynamics, bounds: ActionBounds, gain: float = 0.1, damping: float = 0.02):
+        self.dyn, self.scale, self.clip, self.gain, self.damping = dyn, bounds.scale, bounds.clip, gain, damping
         self.home = torch.as_tensor(dyn.robot.home, dtype=dyn.dtype)
         self.arm = dyn.robot.arm_index
 

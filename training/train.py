@@ -3,7 +3,7 @@
     soarm train                                   # configs/train/reach.yaml
     soarm train --iterations 50 --num-envs 1024 --set ppo.entropy_coef=0.01
     soarm train --resume runs/reach/latest --iterations 400
-    soarm train --set task.max_relative_target=0.3 --set task.reward.joint_limit=-6
+    soarm train --set task.action.max_relative_target=0.3 --set task.reward.joint_limit=-6
     torchrun --nproc_per_node=2 -m soarm.cli train --device cuda
 
 Writes runs/<name>/<time>/ (TensorBoard events, metrics.jsonl, training.png, model_N.pt,

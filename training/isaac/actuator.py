@@ -18,6 +18,8 @@ from isaaclab.utils import configclass
 from isaaclab.utils.types import ArticulationActions
 
 from soarm import CONFIG_DIR, config
+from soarm.arm_params import JOINT_FIELDS
+from soarm.reach import ReachCfg
 from soarm.servo import ServoConfig, ServoState, quantize, servo_torque
 
 STICTION_VELOCITY = 0.01          # rad/s: the tanh width of the smoothed Coulomb friction
@@ -25,6 +27,10 @@ STICTION_VELOCITY = 0.01          # rad/s: the tanh width of the smoothed Coulom
 
 class ServoActuator(ActuatorBase):
     cfg: ServoActuatorCfg
+    # The per-environment physics it holds, named as soarm.sim.Physics (and ArmParams) name them:
+    # the task's domain randomization writes them. (Armature and link masses go to the
+    # articulation; the actuator models no gear play.)
+    PHYSICS = ("gain_scale", "coulomb", "viscous", "friction_load", "deadband", "encoder_offset")
 
     def __init__(self, cfg: ServoActuatorCfg, *args, stiffness=None, damping=None, **kwargs):
         super().__init__(cfg, *args, **kwargs)          # (authored gains unused: no PD in the solver)
@@ -33,13 +39,9 @@ class ServoActuator(ActuatorBase):
         shape = (self._num_envs, self.num_joints)
         zeros = torch.zeros(shape, device=self._device)
         self.firmware = ServoState(zeros)
-        # Per-environment physics, written by the task's domain randomization.
-        self.gain_scale = torch.ones(shape, device=self._device)
-        self.coulomb = torch.full(shape, self.params.friction_coulomb, device=self._device)
-        self.viscous = torch.full(shape, self.params.friction_viscous, device=self._device)
-        self.friction_load = torch.full(shape, self.params.friction_load, device=self._device)
-        self.deadband = torch.full(shape, self.params.deadband_ticks, device=self._device)
-        self.encoder_offset = zeros.clone()
+        for name in self.PHYSICS:                       # the servo model's, until randomized
+            value = JOINT_FIELDS[name].nominal(self.params) if name in JOINT_FIELDS else 0.0
+            setattr(self, name, torch.full(shape, value, device=self._device))
 
     def measured(self, joint_pos: torch.Tensor, env_ids: torch.Tensor | None = None) -> torch.Tensor:
         """What the servo's encoder reads: whole ticks, with its calibration error."""
@@ -73,7 +75,7 @@ class ServoActuator(ActuatorBase):
 @configclass
 class ServoActuatorCfg(ActuatorBaseCfg):
     class_type: type = ServoActuator
-    servo: str = "servo/sts3215_7v4.yaml"          # under configs/, as the task config names it
-    dt: float = 1.0 / 180.0                         # physics step: the firmware advances by it
+    servo: str = ReachCfg.servo                     # under configs/; the env sets the task's
+    dt: float = ReachCfg().physics_dt               # s, physics step: the firmware advances by it
     stiffness: float = 0.0                          # no implicit PD in the solver
     damping: float = 0.0

@@ -103,12 +103,8 @@ class SO101ReachEnv(DirectRLEnv):
         mask[env_ids] = True
         start = self.starts if self.starts is not None else self.task.draw_episodes(mask)
         drawn, s = {k: v[env_ids] for k, v in start.physics.items()}, self.servos
-        s.gain_scale[env_ids] = drawn["gain_scale"]
-        s.coulomb[env_ids] = drawn["coulomb"]
-        s.viscous[env_ids] = drawn["viscous"]
-        s.encoder_offset[env_ids] = drawn["encoder_offset"]
-        s.friction_load[env_ids] = drawn["friction_load"]
-        s.deadband[env_ids] = drawn["deadband"]
+        for name in s.PHYSICS:
+            getattr(s, name)[env_ids] = drawn[name]
         self.arm_robot.write_joint_armature_to_sim_index(armature=drawn["armature"], env_ids=env_ids)
         mass_scale = drawn["mass_scale"]                  # link mass and inertia, as soarm/dynamics.py scales them
         self.arm_robot.set_masses_index(masses=self.nominal_mass[env_ids] * mass_scale, body_ids=self.bodies,

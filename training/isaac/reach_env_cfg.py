@@ -46,7 +46,7 @@ class SO101ReachEnvCfg(DirectRLEnvCfg):
 
     def __post_init__(self):
         task = config.load(ReachCfg, self.task_file)
-        dt = 1.0 / (task.control_hz * task.substeps)          # as the embedded simulator steps
+        dt = task.physics_dt                                  # as the embedded simulator steps
         self.decimation, self.episode_length_s = task.substeps, task.episode_s
         self.observation_space = obs_dim(task.obs_history)
         self.state_space = self.observation_space + privileged_dim(task) if task.critic_physics else 0

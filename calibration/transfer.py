@@ -11,11 +11,12 @@ the target at each window's end; beside it the "sensed" error, of the fingertip 
 report, which is all a policy can act on (a calibration error is invisible to it, so the
 true error cannot fall below what the offsets alone put between the two). The posture check
 is each arm joint's distance to its limits there; the jitter, how much the fingertip still
-moves over the window's last ticks. Plants (PLANTS): our training plant (ArmSim with the
-STS3215 model) nominal, with the training randomization and with one perturbation each;
-TheRobotStudio's published MJCF in MuJoCo as published and with its actuators 0.5-50x as
-stiff. Named on request (`plant_spec`): an emulated arm's hidden perturbation, and an arm
-`soarm sysid` identified.
+moves over the window's last ticks. Plants (PLANTS, each behind soarm/plant.py's interface):
+our training plant (SimPlant: ArmSim with the STS3215 model) nominal, with the training
+randomization and with one perturbation each; TheRobotStudio's published MJCF in MuJoCo as
+published and with its actuators 0.5-50x as stiff. Named on request (`plant_spec`): an
+emulated arm's hidden one (`perturbed:SEED`), and any arm file (`identified:ARM.yaml`, what
+`soarm sysid` writes).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -31,15 +31,15 @@ from typing import Callable
 import numpy as np
 import torch
 
-from soarm import CONFIG_DIR, config
+from soarm import CONFIG_DIR, REPO_ROOT, config
+from soarm.arm_params import ArmParams, load_arm
 from soarm.description import RobotDescription, load_robot, with_payload
 from soarm.dynamics import ArmDynamics
 from soarm.export.policies import DEFAULT_TASK
 from soarm.export.runtime import PolicyRuntime
-from soarm.identified import Centre, centre_of, load_arm
+from soarm.plant import Plant, SimPlant
 from soarm.reach import ReachCfg, draw_latency, draw_physics, full_pose, sample_targets
 from soarm.robot.loop import PolicyStep
-from soarm.robot.plant import Perturbation
 from soarm.robot.safety import TORQUE_OFF, SafetyCfg, SafetyLayer
 from soarm.servo import TICK, ServoConfig
 from soarm.sim import ArmSim
@@ -61,7 +61,7 @@ class PlantSpec:
     how many arms reach for each target, for a plant drawn at random: a mean over 50 arms misses
     or catches its rare hard arms by the draw (docs/transfer.md, T4)."""
     what: str
-    build: Callable[["SuiteContext", int, torch.Generator], object]
+    build: Callable[["SuiteContext", int, torch.Generator], Plant]
     latency: Callable[["SuiteContext", int, torch.Generator], np.ndarray] = field(
         default=lambda c, n, g: np.zeros(n, dtype=int))
     sensed: bool = False
@@ -75,34 +75,13 @@ class SuiteContext:
     servo: ServoConfig
 
 
-class SimPlant:
-    """ArmSim behind the numpy interface the suite drives (MujocoArm has the same)."""
-
-    def __init__(self, sim: ArmSim):
-        self.sim = sim
-
-    def reset(self, q: np.ndarray) -> None:
-        self.sim.reset(torch.ones(self.sim.N, dtype=torch.bool), torch.as_tensor(q, dtype=torch.float32))
-
-    def step(self, goal: np.ndarray, seconds: float) -> None:
-        with torch.no_grad():
-            self.sim.step(torch.as_tensor(goal, dtype=torch.float32), max(1, round(seconds / self.sim.dt)))
-
-    @property
-    def q(self) -> np.ndarray:
-        return self.sim.q.double().numpy()
-
-    def measured(self) -> np.ndarray:
-        return self.sim.measured().double().numpy()
-
-
 def _sim(ctx: SuiteContext, n: int, *, robot=None, params=None, registers=None, backlash: float = 0.0,
-         physics: Callable[[ArmSim], None] | None = None, **switches) -> SimPlant:
-    sim = ArmSim(robot or ctx.robot, params or ctx.servo.params, registers or ctx.servo.registers, n,
-                 dt=1.0 / (ctx.task.control_hz * ctx.task.substeps), backlash=backlash, **switches)
+         arm: ArmParams | None = None, physics: Callable[[ArmSim], None] | None = None, **switches) -> SimPlant:
+    servo = dataclasses.replace(ctx.servo, params=params or ctx.servo.params, registers=registers or ctx.servo.registers)
+    plant = SimPlant.build(robot or ctx.robot, servo, n, ctx.task.physics_dt, arm=arm, backlash=backlash, **switches)
     if physics is not None:
-        physics(sim)
-    return SimPlant(sim)
+        physics(plant.sim)
+    return plant
 
 
 def _randomized(ctx: SuiteContext, n: int, gen: torch.Generator) -> SimPlant:
@@ -167,26 +146,20 @@ PLANTS: dict[str, PlantSpec] = {
 }
 
 
-def _varied(what: str, centre: Callable[[SuiteContext], Centre]) -> PlantSpec:
-    """Our plant with per-joint servo parameters, link masses, backlash and latency set as `centre`
-    has them: an identified arm, or the hidden perturbation of an emulated one."""
-    def build(ctx, n, gen):
-        c = centre(ctx)
-
-        def apply(sim):
-            sim.physics = c.apply(sim.physics)
-        return _sim(ctx, n, backlash=float(c.backlash.max()), physics=apply)
-    return PlantSpec(what, build, lambda ctx, n, g: np.full(n, centre(ctx).latency_ticks, dtype=int))
+def _arm(what: str, arm: Callable[[SuiteContext], ArmParams]) -> PlantSpec:
+    """Our plant as one arm file has it: per-joint servo parameters, link masses, backlash and
+    latency (an identified arm, or the hidden one of an emulated arm)."""
+    return PlantSpec(what, lambda ctx, n, gen: _sim(ctx, n, arm=arm(ctx)),
+                     lambda ctx, n, g: np.full(n, arm(ctx).latency_ticks, dtype=int))
 
 
 def _perturbed(seed: int) -> PlantSpec:
-    return _varied(f"our plant as `soarm emulate --perturb {seed}` perturbs it (hidden there)",
-                   lambda ctx: Perturbation.draw(seed, len(ctx.robot.names)).centre())
+    return _arm(f"our plant as `soarm emulate --perturb {seed}` perturbs it (hidden there)",
+                lambda ctx: ArmParams.random(seed, ctx.robot, ctx.task.servo))
 
 
 def _identified(path: str) -> PlantSpec:
-    return _varied(f"our plant as `soarm sysid` identified it ({path})",
-                   lambda ctx: centre_of(load_arm(path, ctx.robot, ctx.task.servo), ctx.robot))
+    return _arm(f"our plant as the arm file describes it ({path})", lambda ctx: load_arm(path, ctx.robot, ctx.task.servo))
 
 
 def plant_spec(name: str) -> PlantSpec:
@@ -226,7 +199,7 @@ def run_plant(rt: PolicyRuntime, spec: PlantSpec, ctx: SuiteContext, targets: np
     n = k * spec.arms_per_target
     gen = torch.Generator().manual_seed(seed)
     plant = spec.build(ctx, n, gen)
-    latency = spec.latency(ctx, n, gen)
+    plant.latency_s = spec.latency(ctx, n, gen) / rt.control_hz
     dyn = ArmDynamics(robot, dtype=torch.float64)
     arm = robot.arm_index
     home = full_pose(dyn, torch.as_tensor(robot.home, dtype=torch.float64)[None]).numpy()
@@ -235,7 +208,6 @@ def run_plant(rt: PolicyRuntime, spec: PlantSpec, ctx: SuiteContext, targets: np
     steps = [PolicyStep(rt, SafetyLayer(safety, robot.lower[arm], robot.upper[arm]), rt.control_hz, meas[i, arm])
              for i in range(n)]
     sent = meas.copy()                                     # what the plant holds: every joint's goal
-    line = deque([sent.copy() for _ in range(int(latency.max()) + 1)], maxlen=int(latency.max()) + 1)
     period, window_steps = 1.0 / rt.control_hz, task.window_steps
     errors, sensed, clear, jitters, torque_off = [], [], [], [], 0
     lo, hi = robot.lower[arm], robot.upper[arm]
@@ -250,9 +222,7 @@ def run_plant(rt: PolicyRuntime, spec: PlantSpec, ctx: SuiteContext, targets: np
                     torque_off += 1
                 else:
                     sent[i, arm] = d.goal
-            line.append(sent.copy())
-            applied = np.stack([line[-1 - k][i] for i, k in enumerate(latency)])
-            plant.step(applied, period)
+            plant.step(sent, period)
             if tick >= window_steps - JITTER_TICKS:
                 tail.append(dyn.fingertip(torch.as_tensor(plant.q, dtype=torch.float64)).numpy())
         q = plant.q
@@ -314,23 +284,30 @@ def run_suite(policy: str | Path, plants: list[str], targets: int = 200, windows
             "seconds": time.time() - t0}
 
 
-def transfer(policy: str | Path, plants: str | None, targets: int, seed: int, out: Path,
-             task_file: Path | None = None, say: Callable[[str], None] = print) -> dict:
-    """`soarm transfer`: the suite on `plants` ('a,b'; None: all), its table, a JSON report at
-    `out` and a box plot beside it (.png). `task_file`: the task whose targets and
-    randomization it uses (None: configs/task/reach.yaml)."""
+@dataclass
+class TransferCfg:
+    targets: int = 200             # per plant, a multiple of 4 (each arm reaches for 4 in turn)
+    plants: str | None = None      # comma-separated names (default: all; a wrong one lists them)
+    seed: int = 7                  # targets and perturbation draws
+    # The task whose targets and randomization the suite uses: a run's task.yaml judges its
+    # policy on the spread it trained on.
+    task: Path = DEFAULT_TASK
+    out: Path = REPO_ROOT / "runs" / "transfer" / "transfer.json"   # JSON report; the plot beside it (.png)
+
+
+def transfer(policy: str | Path, cfg: TransferCfg, say: Callable[[str], None] = print) -> dict:
+    """`soarm transfer`: the suite, its table, a JSON report and a box plot beside it (.png)."""
     import json
 
     from soarm.files import atomic_write
 
-    names = parse_plants(plants)
-    task_file = Path(task_file or DEFAULT_TASK)
-    task = config.load(ReachCfg, task_file)
-    say(f"transfer: {policy} on {len(names)} plants, {targets} targets each (seed {seed}), task {task_file}")
-    result = run_suite(policy, names, targets=targets, seed=seed, task=task)
-    result["task"] = str(task_file)
+    names = parse_plants(cfg.plants)
+    task = config.load(ReachCfg, cfg.task)
+    say(f"transfer: {policy} on {len(names)} plants, {cfg.targets} targets each (seed {cfg.seed}), task {cfg.task}")
+    result = run_suite(policy, names, targets=cfg.targets, seed=cfg.seed, task=task)
+    result["task"] = str(cfg.task)
     say(table(result))
-    out = Path(out)
+    out = Path(cfg.out)
     atomic_write(out, lambda tmp: tmp.write_text(json.dumps(result, indent=1) + "\n"))
     png = out.with_suffix(".png")
     plot(result, png)

@@ -171,7 +171,7 @@ def driver_plan(driver: ReachDriver, cfg: ExcitationCfg, joints: list[str] | Non
     robot = driver.robot
     poses = {name: np.asarray(getattr(robot, name), dtype=np.float64) for name in POSES}
     return make_plan(driver.safety.lower.astype(np.float64), driver.safety.upper.astype(np.float64), poses,
-                     list(driver.runtime.contract["joint_names"]), cfg, joints)
+                     list(driver.runtime.contract.joint_names), cfg, joints)
 
 
 def excite(driver: ReachDriver, plan: Plan, cfg: ExcitationCfg, out: Callable[[str], None] = print) -> ExciteReport:
