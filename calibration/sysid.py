@@ -41,7 +41,7 @@ from soarm.description import RobotDescription, load_robot
 from soarm.files import atomic_write
 from soarm.logs import LogError, MotionLog, read_motion
 from soarm.plant import Drive, SimPlant, play
-from soarm.reach import ReachCfg
+from soarm.reach import ReachCfg, full_pose
 from soarm.servo import TICK, ServoConfig, ServoParams
 
 DEFAULT_OUT = REPO_ROOT / "runs" / "sysid"          # + <time>/ per fit
@@ -259,15 +259,15 @@ def _pack(pieces: list[dict], dt: float) -> Windows:
                    [p["source"] for p in pieces], dt)
 
 
-# ---------------------------------------------------------------- replay
-def replay(w: Windows, cand: Candidates, robot: RobotDescription, servo: ServoConfig,
+# ---------------------------------------------------------------- windows through the plant
+def play_windows(w: Windows, cand: Candidates, robot: RobotDescription, servo: ServoConfig,
            compile: bool = False) -> torch.Tensor:
     """Each candidate on each window from both ends of the gear play: its encoder readings at
     the logged times [B, 2, S, K, A] (side 0: play taken up negative, 1: positive).
 
     Where gravity outweighs friction the play starts at the end the load pushes into, on
     both sides; elsewhere the log cannot say where a held joint's play sits (it depends on how
-    its last move settled), so both ends are replayed and `joint_sq_error` keeps the better."""
+    its last move settled), so both ends are played and `joint_sq_error` keeps the better."""
     B, S = cand.theta.shape[0], w.q0.shape[0]
     G = w.goals.shape[1]
     N, arm = B * 2 * S, robot.arm_index
@@ -279,8 +279,7 @@ def replay(w: Windows, cand: Candidates, robot: RobotDescription, servo: ServoCo
         getattr(sim.physics, name)[:, arm] = v.repeat_interleave(2 * S, dim=0)
     s_of = torch.arange(S).repeat(2 * B)
     side = torch.arange(2).repeat_interleave(S).repeat(B)[:, None] * 2.0 - 1.0
-    full = torch.full((N, len(robot.names)), robot.gripper_hold)
-    full[:, arm] = w.q0[s_of]
+    full = full_pose(sim.dyn, w.q0[s_of])
     plant.latency_s = cand.latency.repeat_interleave(2 * S).numpy() * w.dt
     plant.reset(full)
     held, qd = torch.as_tensor(plant.measured(), dtype=torch.float32), torch.zeros_like(full)
@@ -333,7 +332,7 @@ class Fitting:
     def errors(self, cand: Candidates, w: Windows | None = None) -> torch.Tensor:
         """Mean squared error [B, A] of each candidate's joints over windows `w` (default: the fit's)."""
         w = self.w if w is None else w
-        return joint_sq_error(w, replay(w, cand, self.robot, self.servo, self.cfg.compile))
+        return joint_sq_error(w, play_windows(w, cand, self.robot, self.servo, self.cfg.compile))
 
     def objective(self, theta: torch.Tensor) -> Scored:
         """The search's objective at the latency scanned last: a joint's parameters ranked by its
@@ -425,7 +424,7 @@ def identify(logs: list[MotionLog], robot: RobotDescription, task: ReachCfg, cfg
         held = 1000 * (sq / w.valid.sum()).sqrt()
     start = nominal(A, servo.params)
     both = Candidates(torch.cat([start.theta, best.theta]), torch.cat([start.latency, best.latency]))
-    readings = replay(w, both, robot, servo, cfg.compile)              # [2: nominal, fit; 2 sides, S, K, A]
+    readings = play_windows(w, both, robot, servo, cfg.compile)              # [2: nominal, fit; 2 sides, S, K, A]
     rms_nom, rms_fit = 1000 * joint_sq_error(w, readings).sqrt()
     values = {k: v[0] for k, v in best.values(servo.params).items()}
     identified = ArmParams(
@@ -445,7 +444,7 @@ def _per(names: list[str], x: torch.Tensor) -> dict[str, float]:
 
 def _traces(w: Windows, readings: torch.Tensor, robot: RobotDescription) -> dict:
     """Per arm joint, the window where its goal moves most: measured, nominal, identified
-    (`readings` of the nominal and the fitted arm, as `replay` returns them)."""
+    (`readings` of the nominal and the fitted arm, as `play_windows` returns them)."""
     side = side_sq_error(w, readings).argmin(dim=1)                    # [2, S, A]
     traces = {}
     for j, name in enumerate(robot.arm_joints):

@@ -229,8 +229,7 @@ def rest_pose(plant, robot: RobotDescription, kind: str) -> list[float]:
     (the settling takes seconds eagerly)."""
     from soarm.plant import rest_pose as settle
 
-    home = dict(zip(robot.arm_joints, robot.home))
-    q = np.array([float(home.get(n, robot.gripper_hold)) for n in robot.names])
+    q = robot.home_pose
     if kind != "armsim":
         return settle(plant, q).tolist()
     sim = plant.sim

@@ -61,6 +61,13 @@ class RobotDescription:
         return [self.index(n) for n in self.arm_joints]
 
     @property
+    def home_pose(self) -> np.ndarray:
+        """Every joint's angle at the home pose (rad), the gripper at its hold angle."""
+        q = np.full(len(self.joints), float(self.gripper_hold))
+        q[self.arm_index] = self.home
+        return q
+
+    @property
     def lower(self) -> np.ndarray:
         return np.array([j.lower for j in self.joints])
 

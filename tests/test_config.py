@@ -82,8 +82,7 @@ def test_each_physical_constant_is_defined_once():
 
     task = config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml")
     robot = load_robot()
-    home = dict(zip(robot.arm_joints, robot.home))
-    q0 = [float(home.get(n, robot.gripper_hold)) for n in robot.names]
+    q0 = robot.home_pose.tolist()
     assert build_plant(robot, q0, False, "armsim", None).dt == task.physics_dt == 1 / 180
     t = np.arange(300) / 30
     goal = np.asarray(robot.home)[None] + 0.1 * np.sin(t)[:, None]

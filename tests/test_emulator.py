@@ -221,8 +221,7 @@ def test_the_perturbed_plant_applies_every_difference(robot):
                         friction_load=1.5 * s.friction_load, armature=1.2 * s.armature, deadband=2.0, mass_scale=1.2,
                         backlash=0.02)
     arm = ArmParams("servo/sts3215_7v4.yaml", latency_ticks=2, joints={n: joint for n in robot.names})
-    home = dict(zip(robot.arm_joints, robot.home))
-    q0 = [float(home.get(n, robot.gripper_hold)) for n in robot.names]
+    q0 = robot.home_pose.tolist()
     nominal, odd = build_plant(robot, q0, False, "armsim", None), build_plant(robot, q0, False, "armsim", arm)
     a, b = nominal.sim.physics, odd.sim.physics
     assert np.allclose(b.coulomb, 2 * a.coulomb) and np.allclose(b.viscous, 0.5 * a.viscous)

@@ -49,12 +49,11 @@ def articulation_cfg(robot: RobotDescription, usd: Path, servo_file: str, physic
     from soarm.training.isaac.actuator import ServoActuatorCfg
 
     servo = config.load(ServoConfig, CONFIG_DIR / servo_file).params
-    home = dict(zip(robot.arm_joints, robot.home))
     return ArticulationCfg(
         prim_path="{ENV_REGEX_NS}/Robot",
         spawn=sim_utils.UsdFileCfg(usd_path=str(usd)),
         init_state=ArticulationCfg.InitialStateCfg(
-            joint_pos={n: float(home.get(n, robot.gripper_hold)) for n in robot.names}),
+            joint_pos=dict(zip(robot.names, robot.home_pose.tolist()))),
         joint_ordering=list(robot.names),
         actuators={"servos": ServoActuatorCfg(joint_names_expr=[".*"], servo=servo_file, dt=physics_dt,
                                               armature=servo.armature)},
