@@ -1,5 +1,5 @@
 """Commands of the "fit the model to my arm" room: `soarm calibrate`, `excite`, `sysid`,
-`servo-fit`, `servo-check`, `transfer`."""
+`arm-check`, `servo-fit`, `servo-check`, `transfer`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from soarm import REPO_ROOT, config
 
 
 def register(sub) -> None:
+    from soarm.calibration.arm_check import ArmCheckCfg
     from soarm.calibration.excite import ExcitationCfg
     from soarm.calibration.servo_fit import ServoFitCfg
     from soarm.calibration.sysid import SysidCfg
@@ -44,6 +45,11 @@ def register(sub) -> None:
                    help="directory for arm.yaml, sysid.json, sysid.png (runs/sysid/<time>)")
     config.add_flags(p, SysidCfg)
     p.set_defaults(fn=_sysid)
+
+    p = sub.add_parser("arm-check", help="how far a model of the arm is from the arm, on logs of its motion")
+    p.add_argument("logs", nargs="+", type=Path, help="SAGE motion folders, encoder logs (.mcap)")
+    config.add_flags(p, ArmCheckCfg)
+    p.set_defaults(fn=_arm_check)
 
     p = sub.add_parser("servo-fit", help="fit the servo model and a PD baseline on bench logs")
     config.add_flags(p, ServoFitCfg)
@@ -96,6 +102,15 @@ def _sysid(args) -> int:
             return 1 if report.fault else 0
         logs = report.logs
     sysid(logs, out, cfg)
+    return 0
+
+
+def _arm_check(args) -> int:
+    import sys
+
+    from soarm.calibration.arm_check import ArmCheckCfg, arm_check
+
+    arm_check(args.logs, config.from_flags(ArmCheckCfg, args), progress=lambda line: print(line, file=sys.stderr))
     return 0
 
 

@@ -15,8 +15,11 @@ against the others' motion), which keeps five 8-parameter searches instead of on
 error. The latency, one for the arm, is scanned in whole control ticks before, midway and
 after. `SysidCfg.fitted` names what is searched; the rest stays at the servo model's values.
 
-Held-out error: windows are split by the base pose nearest to them (the plan's `home` and
-`park`, gravity-loaded and folded); each half is fitted alone and scored on the other.
+Held-out error: with several logs, whole logs are left out (`folds` groups of them, each
+fitted on the others and scored alone); from one log, its windows are split by the base pose
+nearest to them (the plan's `home` and `park`, gravity-loaded and folded), each half fitted
+alone and scored on the other. A fit that replays its held-out motion no better than the
+servo model says so, with the figures, and writes no arm file unless `keep_worse`.
 
     result = identify([read_motion(p)], robot, task, SysidCfg())
     result.arm                       # ArmParams: `soarm train --set task.arm=FILE`
@@ -24,6 +27,7 @@ Held-out error: windows are split by the base pose nearest to them (the plan's `
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -37,12 +41,13 @@ import torch
 from soarm import CONFIG_DIR, REPO_ROOT, config
 from soarm.arm_params import JOINT_FIELDS, ArmParams, JointParams
 from soarm.calibration.search import Scored, SearchCfg, cross_entropy, polish
+from soarm.calibration.windows import Windows, as_recorded, cut_windows
 from soarm.description import RobotDescription, load_robot
 from soarm.files import atomic_write
-from soarm.logs import LogError, MotionLog, read_motion
+from soarm.logs import MotionLog, read_motion
 from soarm.plant import Drive, SimPlant, play
 from soarm.reach import ReachCfg, full_pose
-from soarm.servo import TICK, ServoConfig, ServoParams
+from soarm.servo import ServoConfig, ServoParams
 
 DEFAULT_OUT = REPO_ROOT / "runs" / "sysid"          # + <time>/ per fit
 PARAMS = tuple(JOINT_FIELDS)                        # theta's last axis, in this order
@@ -54,6 +59,9 @@ P = len(PARAMS)
 class SysidCfg:
     window_s: float = 10.0             # s: logs are cut into windows about this long (at the stillest tick)
     min_motion_s: float = 2.0          # s of commanded motion a log must hold
+    windows_per_log: int = 0           # > 0: at most this many of each log's windows, evenly spread
+    folds: int = 5                     # leave-motions-out groups for the held-out error (several logs)
+    keep_worse: bool = False           # write the arm file even when it replays held-out motion worse
     search: SearchCfg = field(default_factory=SearchCfg)   # its iterations: the first stage's
     refine_iterations: int = 6         # cross-entropy steps of the second stage
     max_latency_ticks: int = 3         # the latency scan's range, control ticks
@@ -74,8 +82,8 @@ class SysidCfg:
     fitted: tuple[str, ...] = PARAMS   # searched; the others stay at the servo model's values
 
     def validate(self) -> None:
-        if self.refine_iterations < 0 or self.max_latency_ticks < 0:
-            raise ValueError("refine_iterations/max_latency_ticks: must not be negative")
+        if self.refine_iterations < 0 or self.max_latency_ticks < 0 or self.windows_per_log < 0 or self.folds < 1:
+            raise ValueError("refine_iterations/max_latency_ticks/windows_per_log: must not be negative; folds >= 1")
         for name, spec in JOINT_FIELDS.items():
             lo, hi = getattr(self, name)
             if not 0 <= lo < hi or (spec.multiplier and lo <= 0):
@@ -105,25 +113,6 @@ def nominal_values(servo: ServoParams) -> torch.Tensor:
 def nominal_theta(servo: ServoParams) -> torch.Tensor:
     """[P]: the servo model as it is (no play)."""
     return torch.tensor([0.0 if JOINT_FIELDS[n].multiplier else v for n, v in zip(PARAMS, nominal_values(servo))])
-
-
-@dataclass
-class Windows:
-    """Logged motion on the physics grid, padded to one length; S windows, A arm joints."""
-    q0: torch.Tensor              # [S, A] rad, measured at each window's start
-    qd0: torch.Tensor             # [S, A] rad/s, estimated there
-    goals: torch.Tensor           # [S, G, A] rad, the goal in force at each physics step
-    at: torch.Tensor              # [S, K] long: the physics step of each logged reading
-    measured: torch.Tensor        # [S, K, A] rad
-    valid: torch.Tensor           # [S, K] bool (padding: False)
-    pose: list[str]               # the base pose nearest each window
-    source: list[str]             # "file:t0-t1 s" per window
-    dt: float                     # s per physics step
-
-    def take(self, idx: list[int]) -> Windows:
-        i = torch.tensor(idx, dtype=torch.long)
-        return Windows(self.q0[i], self.qd0[i], self.goals[i], self.at[i], self.measured[i], self.valid[i],
-                       [self.pose[k] for k in idx], [self.source[k] for k in idx], self.dt)
 
 
 @dataclass
@@ -166,6 +155,7 @@ class SysidResult:
     wall_s: float
     servo: ServoParams
     traces: dict = field(default_factory=dict)    # for the plot: per joint, t, measured, nominal, identified
+    by_log: dict = field(default_factory=dict)    # {"held_out" | "nominal": {log: {joint: RMS mrad}}}
 
     def table(self) -> list[str]:
         """Multipliers as x the servo model's, the dead-band in ticks, the play in degrees."""
@@ -182,81 +172,13 @@ class SysidResult:
         lines.append(f"latency {self.arm.latency_ticks} control ticks (multipliers: x the servo model's)")
         return lines
 
-
-# ---------------------------------------------------------------- logs -> windows
-def load_windows(logs: list[MotionLog], robot: RobotDescription, cfg: SysidCfg, dt: float) -> Windows:
-    """Every log's commanded motion as windows on a physics grid of `dt`; LogError naming the
-    file for a log of other joints, too short, holding no motion or with torque off throughout."""
-    arm = list(robot.arm_joints)
-    poses = {"home": np.asarray(robot.home), "park": np.asarray(robot.park)}
-    pieces: list[dict] = []
-    for log in logs:
-        if log.joints != arm:
-            raise LogError(log.source, f"logged joints {log.joints} are not this robot's arm joints {arm}")
-        t = log.t
-        on = log.torque & np.isfinite(log.measured).all(axis=1)
-        if not on.any():
-            raise LogError(log.source, "torque is off throughout (no goal was sent); nothing to identify")
-        runs = _runs(on)
-        motion = sum(t[b - 1] - t[a] for a, b in runs)
-        if motion < cfg.min_motion_s:
-            raise LogError(log.source, f"too short: {motion:.1f} s of commanded motion, sysid needs "
-                                       f"{cfg.min_motion_s:.0f} s")
-        if np.ptp(log.measured[on], axis=0).max() < 5 * TICK:
-            raise LogError(log.source, "no motion: no joint moved more than 5 encoder ticks")
-        for a, b in runs:
-            tr = t[a:b]
-            for lo, hi in _cut(tr, log.measured[a:b], cfg.window_s):
-                q, goal = log.measured[a + lo:a + hi], log.goal[a + lo:a + hi]
-                tt = tr[lo:hi] - tr[lo]
-                if tt[-1] < 1.0 or np.ptp(goal, axis=0).max() < 2 * TICK:
-                    continue                                     # a hold: nothing moved here
-                median = np.median(q, axis=0)
-                pose = min(poses, key=lambda p: float(np.abs(poses[p] - median).sum()))
-                pieces.append({"t": tt, "q": q, "goal": goal, "pose": pose,
-                               "source": f"{Path(log.source).name}:{tr[lo]:.1f}-{tr[hi - 1]:.1f} s",
-                               "qd0": (q[min(2, len(q) - 1)] - q[0]) / max(tt[min(2, len(q) - 1)], 1e-6)})
-    if not pieces:
-        raise LogError(logs[0].source, "no window of commanded motion longer than 1 s")
-    return _pack(pieces, dt)
-
-
-def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) of each run of True."""
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
-    return list(zip(edges[::2], edges[1::2]))
-
-
-def _cut(t: np.ndarray, q: np.ndarray, window_s: float) -> list[tuple[int, int]]:
-    """Cut one run into windows of about window_s, each boundary at the stillest tick within
-    a quarter window of where it would fall (a window starts nearly at rest)."""
-    speed = np.r_[0.0, np.abs(np.diff(q, axis=0)).max(axis=1) / np.diff(t)]
-    cuts, start = [0], 0
-    while t[-1] - t[start] > 1.5 * window_s:
-        near = np.flatnonzero(np.abs(t - (t[start] + window_s)) <= window_s / 4)
-        cut = int(near[np.argmin(speed[near])])
-        cuts.append(cut)
-        start = cut
-    return list(zip(cuts, cuts[1:] + [len(t)]))
-
-
-def _pack(pieces: list[dict], dt: float) -> Windows:
-    G = max(int(math.ceil(p["t"][-1] / dt)) + 1 for p in pieces)
-    K = max(len(p["t"]) for p in pieces)
-    S, A = len(pieces), pieces[0]["q"].shape[1]
-    goals, at = np.zeros((S, G, A)), np.zeros((S, K), dtype=np.int64)
-    measured, valid = np.zeros((S, K, A)), np.zeros((S, K), dtype=bool)
-    for s, p in enumerate(pieces):
-        grid = np.arange(G) * dt
-        k = np.clip(np.searchsorted(p["t"], grid + 1e-9, side="right") - 1, 0, None)   # goal in force
-        goals[s] = p["goal"][k]
-        n = len(p["t"])
-        at[s, :n] = np.minimum(np.round(p["t"] / dt).astype(np.int64), G - 1)
-        measured[s, :n], valid[s, :n] = p["q"], True
-    f = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
-    return Windows(f(np.array([p["q"][0] for p in pieces])), f(np.array([p["qd0"] for p in pieces])), f(goals),
-                   torch.tensor(at), f(measured), torch.tensor(valid), [p["pose"] for p in pieces],
-                   [p["source"] for p in pieces], dt)
+    def worse_than_nominal(self) -> str:
+        """'' when the held-out replay beats the servo model's on average; else the two figures."""
+        held = [f.rms_held_out_mrad for f in self.joints]
+        if None in held:
+            return ""
+        nominal, fitted = np.mean([f.rms_nominal_mrad for f in self.joints]), float(np.mean(held))
+        return f"held out {fitted:.2f} mrad, servo model {nominal:.2f} mrad" if fitted >= nominal else ""
 
 
 # ---------------------------------------------------------------- windows through the plant
@@ -296,7 +218,8 @@ def play_windows(w: Windows, cand: Candidates, robot: RobotDescription, servo: S
     read[w.at.unique().numpy()] = True
     readings = torch.from_numpy(play(plant, Drive(goal, np.full(G, w.dt), read=read))[..., arm]).float()
     row = torch.from_numpy(np.cumsum(read) - 1)                           # step -> its row of `readings`
-    out = readings[row[w.at[s_of]], torch.arange(N)[:, None]]              # [N, K, A]
+    A = len(arm)
+    out = readings[row[w.at[s_of]], torch.arange(N)[:, None, None], torch.arange(A)]   # [N, K, A]
     return out.reshape(B, 2, S, *out.shape[1:])
 
 
@@ -402,26 +325,30 @@ def nominal(A: int, servo: ServoParams) -> Candidates:
 
 def identify(logs: list[MotionLog], robot: RobotDescription, task: ReachCfg, cfg: SysidCfg,
              out: Callable[[str], None] = print) -> SysidResult:
-    """Fit the arm on every window, and each pose's windows alone for the held-out error."""
+    """Fit the arm on every window; the held-out error from folds fitted without some of them."""
     t0 = time.time()
     cfg.validate()
-    servo = config.load(ServoConfig, CONFIG_DIR / task.servo)
-    w = load_windows(logs, robot, cfg, task.physics_dt)
+    servo = as_recorded(config.load(ServoConfig, CONFIG_DIR / task.servo), logs)
+    w = cut_windows(logs, robot, cfg.window_s, cfg.min_motion_s, task.physics_dt, cfg.windows_per_log)
     fitting = Fitting(w, robot, servo, task.substeps, cfg)
     arm = list(robot.arm_joints)
     A = len(arm)
     out(f"sysid: {w.q0.shape[0]} windows of motion from {len(logs)} log(s), "
-        f"{float(w.at.max(dim=1).values.sum()) * w.dt:.0f} s in all")
+        f"{float(w.at.amax(dim=(1, 2)).sum()) * w.dt:.0f} s in all")
     best = fit(fitting, out, "all windows")
-    held = None
-    by_pose = {p: [i for i, q in enumerate(w.pose) if q == p] for p in dict.fromkeys(w.pose)}
-    if len(by_pose) == 2:                       # each pose fitted alone, scored on the other's windows
-        sq = torch.zeros(A)
-        for pose, idx in by_pose.items():
-            scored = w.take([i for i in range(len(w.pose)) if i not in idx])
-            fold = fit(Fitting(w.take(idx), robot, servo, task.substeps, cfg), out, f"{pose} windows only")
-            sq += fitting.errors(fold, scored)[0] * scored.valid.sum()
-        held = 1000 * (sq / w.valid.sum()).sqrt()
+    held, held_by_log = None, {}
+    folds = held_out_folds(w, cfg.folds)
+    if folds:                                   # each fold's windows scored by a fit without them
+        sq = torch.zeros(len(w.pose), A)        # per window and joint, summed squared error
+        for name, idx in folds.items():
+            scored = w.take(idx)
+            rest = [i for i in range(len(w.pose)) if i not in idx]
+            fold = fit(Fitting(w.take(rest), robot, servo, task.substeps, cfg), out, f"without {name}")
+            sq[idx] = window_sq_error(scored, play_windows(scored, fold, robot, servo, cfg.compile))[0]
+        held = 1000 * (sq.sum(0) / w.valid.sum()).sqrt()
+        for log in dict.fromkeys(w.log):
+            mine = [i for i, name in enumerate(w.log) if name == log]
+            held_by_log[log] = _per(arm, 1000 * (sq[mine].sum(0) / w.valid[mine].sum()).sqrt())
     start = nominal(A, servo.params)
     both = Candidates(torch.cat([start.theta, best.theta]), torch.cat([start.latency, best.latency]))
     readings = play_windows(w, both, robot, servo, cfg.compile)              # [2: nominal, fit; 2 sides, S, K, A]
@@ -430,12 +357,27 @@ def identify(logs: list[MotionLog], robot: RobotDescription, task: ReachCfg, cfg
     identified = ArmParams(
         servo=task.servo, latency_ticks=int(round(float(best.latency[0]) / task.substeps)),
         joints={n: JointParams(**{k: round(float(values[k][j]), 6) for k in PARAMS}) for j, n in enumerate(arm)},
-        source={"logs": [log.source for log in logs],
+        source={"logs": [log.source for log in logs], "registers": dataclasses.asdict(servo.registers),
                 "rms_mrad": {"nominal": _per(arm, rms_nom), "fit": _per(arm, rms_fit),
                              "held_out": None if held is None else _per(arm, held)}})
+    nominal_by_log = {log: _per(arm, 1000 * (window_sq_error(w, readings[:1])[0][mine].sum(0)
+                                              / w.valid[mine].sum()).sqrt())
+                      for log in dict.fromkeys(w.log) for mine in [[i for i, n in enumerate(w.log) if n == log]]}
     joints = [JointFit(n, {k: float(values[k][j]) for k in PARAMS}, float(rms_nom[j]), float(rms_fit[j]),
                        None if held is None else float(held[j])) for j, n in enumerate(arm)]
-    return SysidResult(identified, joints, w.q0.shape[0], time.time() - t0, servo.params, _traces(w, readings, robot))
+    return SysidResult(identified, joints, w.q0.shape[0], time.time() - t0, servo.params, _traces(w, readings, robot),
+                       {"held_out": held_by_log, "nominal": nominal_by_log})
+
+
+def held_out_folds(w: Windows, folds: int) -> dict[str, list[int]]:
+    """{fold name: its windows}: whole logs left out in `folds` groups when the windows come
+    from several logs; from one, the windows nearest each base pose; {} when neither splits."""
+    logs = list(dict.fromkeys(w.log))
+    if len(logs) >= 2 and folds >= 2:
+        groups = [logs[k::min(folds, len(logs))] for k in range(min(folds, len(logs)))]
+        return {"+".join(g): [i for i, name in enumerate(w.log) if name in g] for g in groups}
+    by_pose = {p: [i for i, q in enumerate(w.pose) if q == p] for p in dict.fromkeys(w.pose)}
+    return {f"the {p} windows": idx for p, idx in by_pose.items()} if len(by_pose) == 2 else {}
 
 
 def _per(names: list[str], x: torch.Tensor) -> dict[str, float]:
@@ -451,7 +393,7 @@ def _traces(w: Windows, readings: torch.Tensor, robot: RobotDescription) -> dict
         s = int(torch.argmax(w.goals[:, :, j].amax(1) - w.goals[:, :, j].amin(1)))
         k = w.valid[s]
         nom, ident = (readings[b, side[b, s, j], s, k, j].tolist() for b in (0, 1))
-        traces[name] = {"t": (w.at[s][k] * w.dt).tolist(), "measured": w.measured[s, k, j].tolist(),
+        traces[name] = {"t": (w.at[s][k, j] * w.dt).tolist(), "measured": w.measured[s, k, j].tolist(),
                         "nominal": nom, "identified": ident, "window": w.source[s]}
     return traces
 
@@ -491,9 +433,15 @@ def sysid(logs: list[Path], out_dir: Path, cfg: SysidCfg, out: Callable[[str], N
     task = config.load(ReachCfg, task_file)
     result = identify([read_motion(p) for p in logs], load_robot(), task, cfg, out)
     out_dir = Path(out_dir)
+    worse = result.worse_than_nominal()
+    if worse and not cfg.keep_worse:
+        for line in result.table():
+            out(line)
+        raise ValueError(f"sysid: the fit replays its held-out motion worse than the servo model ({worse}); "
+                         "no arm file written (--keep-worse writes it anyway)")
     arm_file = config.dump(result.arm, out_dir / "arm.yaml")
     report = {"arm": str(arm_file), "windows": result.windows, "latency_ticks": result.arm.latency_ticks,
-              "wall_s": round(result.wall_s, 1), "joints": [vars(j) for j in result.joints]}
+              "wall_s": round(result.wall_s, 1), "joints": [vars(j) for j in result.joints], "by_log": result.by_log}
     atomic_write(out_dir / "sysid.json", lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
     png = plot(result, out_dir / "sysid.png")
     for line in result.table():

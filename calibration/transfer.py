@@ -63,7 +63,7 @@ class PlantSpec:
     what: str
     build: Callable[["SuiteContext", int, torch.Generator], Plant]
     latency: Callable[["SuiteContext", int, torch.Generator], np.ndarray] = field(
-        default=lambda c, n, g: np.zeros(n, dtype=int))
+        default=lambda c, n, g: np.full(n, c.latency_ticks, dtype=int))
     sensed: bool = False
     arms_per_target: int = 1
 
@@ -73,10 +73,25 @@ class SuiteContext:
     robot: RobotDescription
     task: ReachCfg
     servo: ServoConfig
+    arm: ArmParams | None = None       # the project's model of the arm (the task's `arm`); None: the servo model
+
+    @property
+    def latency_ticks(self) -> int:
+        return 0 if self.arm is None else self.arm.latency_ticks
+
+    @classmethod
+    def of(cls, task: ReachCfg) -> SuiteContext:
+        robot = load_robot()
+        arm = None if task.arm is None else load_arm(task.arm, robot, task.servo)
+        return cls(robot, task, config.load(ServoConfig, CONFIG_DIR / task.servo), arm)
 
 
 def _sim(ctx: SuiteContext, n: int, *, robot=None, params=None, registers=None, backlash: float = 0.0,
-         arm: ArmParams | None = None, physics: Callable[[ArmSim], None] | None = None, **switches) -> SimPlant:
+         arm: ArmParams | None = None, bare: bool = False, physics: Callable[[ArmSim], None] | None = None,
+         **switches) -> SimPlant:
+    """Our plant for n arms: `arm` (default: the task's model of the arm; `bare`: the servo model
+    alone), then the row's changes."""
+    arm = arm or (None if bare else ctx.arm)
     servo = dataclasses.replace(ctx.servo, params=params or ctx.servo.params, registers=registers or ctx.servo.registers)
     plant = SimPlant.build(robot or ctx.robot, servo, n, ctx.task.physics_dt, arm=arm, backlash=backlash, **switches)
     if physics is not None:
@@ -87,11 +102,14 @@ def _sim(ctx: SuiteContext, n: int, *, robot=None, params=None, registers=None, 
 def _randomized(ctx: SuiteContext, n: int, gen: torch.Generator) -> SimPlant:
     rand = ctx.task.randomization
 
+    centre = None if ctx.arm is None else ctx.arm.rows(ctx.robot)
+
     def draw(sim):
-        for name, value in draw_physics(gen, rand, ctx.servo.params, n, sim.J, "cpu").items():
+        for name, value in draw_physics(gen, rand, ctx.servo.params, n, sim.J, "cpu", centre=centre).items():
             setattr(sim.physics, name, value)
-    return _sim(ctx, n, backlash=math.radians(rand.backlash_deg[1]), physics=draw,
-                pd_drives=rand.pd_share > 0, carries_payload=rand.payload_kg[1] > 0)
+    play = math.radians(rand.backlash_deg[1]) + (0.0 if ctx.arm is None else ctx.arm.max_backlash(ctx.robot))
+    return _sim(ctx, n, backlash=play, physics=draw, pd_drives=rand.pd_share > 0,
+                carries_payload=rand.payload_kg[1] > 0)
 
 
 def _scaled_friction(k: float):
@@ -116,13 +134,17 @@ def _mujoco(scale: float):
 
 
 def _latency(k: int):
-    return lambda ctx, n, gen: np.full(n, k, dtype=int)
+    return lambda ctx, n, gen: np.full(n, ctx.latency_ticks + k, dtype=int)
 
 
 PLANTS: dict[str, PlantSpec] = {
-    "nominal": PlantSpec("our plant (ArmSim + STS3215 model, P=16), nominal", lambda c, n, g: _sim(c, n)),
+    "nominal": PlantSpec("our plant (ArmSim + STS3215 model, P=16) as the task's model of the arm has it",
+                         lambda c, n, g: _sim(c, n)),
+    "servo_model": PlantSpec("our plant, the servo model alone (no identified arm)",
+                             lambda c, n, g: _sim(c, n, bare=True), lambda c, n, g: np.zeros(n, dtype=int)),
     "randomized": PlantSpec("our plant with the training randomization (incl. its latency), 4 arms per target",
-                            _randomized, lambda c, n, g: draw_latency(g, c.task.randomization, n, "cpu").numpy(),
+                            _randomized, lambda c, n, g: draw_latency(
+                                g, c.task.randomization, n, "cpu", c.latency_ticks if c.arm else None).numpy(),
                             arms_per_target=4),
     "mujoco": PlantSpec("published MJCF in MuJoCo, as published (kp 17.8)", _mujoco(1.0)),
     "mujoco_kp_x0.5": PlantSpec("published MJCF, actuator kp x0.5 (damping x0.71)", _mujoco(0.5)),
@@ -262,10 +284,9 @@ def run_suite(policy: str | Path, plants: list[str], targets: int = 200, windows
     """Every plant in `plants` on the same `targets` (a multiple of `windows`)."""
     from tqdm import tqdm
 
-    robot = load_robot()
     task = task or config.load(ReachCfg, DEFAULT_TASK)
-    servo = config.load(ServoConfig, CONFIG_DIR / task.servo)
-    ctx = SuiteContext(robot, task, servo)
+    ctx = SuiteContext.of(task)
+    robot = ctx.robot
     rt = PolicyRuntime(policy, robot)
     if task.control_hz != rt.control_hz:     # the target windows are counted in the task's ticks
         raise ValueError(f"task: control_hz {task.control_hz} is not the policy's {rt.control_hz} ({policy})")

@@ -148,12 +148,15 @@ class PlantProcess:
 # ---------------------------------------------------------------- the physics process
 def build_plant(robot: RobotDescription, q0, compile: bool, kind: str, arm: ArmParams | None):
     """One arm of the plant `kind`, at rest at q0 (None: where the unpowered arm settles), torque
-    off as servos power up."""
+    off as servos power up. Our plant is `arm`, or the task's model of the arm."""
+    from soarm.arm_params import load_arm
     from soarm.mujoco_arm import MujocoArm
     from soarm.plant import SimPlant
     from soarm.servo import ServoConfig
 
     task = config.load(ReachCfg, TASK_FILE)
+    if arm is None and task.arm is not None and kind == "armsim":
+        arm = load_arm(task.arm, robot, task.servo)
     if kind == "mujoco":
         plant = MujocoArm(robot, 1)
     else:

@@ -11,6 +11,7 @@ this module only parses and dispatches.
     soarm calibrate    LeRobot's SO-101 calibration on the arm (writes the servos' EEPROM and a JSON file)
     soarm excite       the identification excitation on the arm (chirps and steps), logged
     soarm sysid        identify the arm from logs of its motion: an arm file `soarm train` centres on
+    soarm arm-check    how far a model of the arm is from the arm, on logs of its motion (per joint, mrad)
     soarm servo-fit    fit the servo model and the PD baseline on real bench logs
     soarm servo-check  compare both fitted models on (new) bench logs
     soarm transfer     a policy as on the arm, on plants other than its training plant (MuJoCo included)

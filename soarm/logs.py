@@ -10,10 +10,11 @@ Encoder logs (MCAP, mcap.dev; ROS 2 bags use it too) hold one JSON channel:
 
 The writer works on `<name>.tmp` and renames it on close, so a finished log is whole.
 
-`MotionLog` is a recorded motion whatever recorded it (our encoder logs, BAM's servo bench):
-the goals a plant is driven with and the angles it must read back, in SI units.
+`MotionLog` is a recorded motion whatever recorded it (our encoder logs, BAM's servo bench,
+NVIDIA SAGE's real SO-101): the goals a plant is driven with and the angles it must read
+back, in SI units and this project's joint zero.
 
-    log = read_motion("run.mcap")        # or a BAM bench log (.json)
+    log = read_motion("run.mcap")        # or a BAM bench log (.json), or a SAGE motion folder
     log.t, log.goal, log.measured        # [T] s, [T, A] rad, [T, A] rad
 
 Anything unusable raises LogError: one line naming the file and, where it can, the row and
@@ -22,8 +23,11 @@ the field.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import gzip
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +149,10 @@ class MotionLog:
     rate_hz: float                   # the rate the goals were sent at
     volts: np.ndarray | None = None  # [T] V, the supply as the servo reported it, where logged
     rig: dict = field(default_factory=dict)   # what the reader knows of the setup (a bench's load, ...)
+    # [A] s after t[k] each joint's goal reached its servo, and each joint was read (a bus that
+    # talks to one servo at a time spreads a row over the tick); None: all at t[k].
+    goal_delay: np.ndarray | None = None
+    read_delay: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         T, A = len(self.t), len(self.joints)
@@ -172,8 +180,18 @@ class MotionLog:
                            "volts")
 
 
+    def delays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(goal_delay, read_delay) [A] s, zeros where the log has none."""
+        zero = np.zeros(len(self.joints))
+        return (zero if self.goal_delay is None else self.goal_delay,
+                zero if self.read_delay is None else self.read_delay)
+
+
 def read_motion(path: str | Path) -> MotionLog:
-    """A motion log of any kind this project reads: an encoder log (.mcap) or a BAM bench log (.json)."""
+    """A motion log of any kind this project reads: an encoder log (.mcap), a BAM bench log
+    (.json) or a SAGE motion folder (control.csv and state_motor.csv)."""
+    if Path(path).is_dir():
+        return read_sage(path)
     return read_bam(path) if str(path).endswith(".json") else read_encoder_log(path)
 
 
@@ -235,3 +253,101 @@ def read_bam(path: str | Path) -> MotionLog:
                     np.asarray(cols["position"])[:, None], np.asarray(cols["torque_enable"]) != 0,
                     1.0 / float(np.median(np.diff(t))) if len(t) > 1 else 0.0, np.asarray(cols["input_volts"]), rig)
     return log
+
+
+# ---------------------------------------------------------------- NVIDIA SAGE's real SO-101
+SAGE_JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
+# SAGE's collector (sage/real_so101/so101_lerobot_collector.py) writes the six goals one servo at
+# a time, then reads Present_Position, Present_Velocity and Present_Current of each in turn: 24
+# transactions a tick. Its 50 Hz loop never overran 20.7 ms in 25 motions, so one takes under
+# 0.83 ms; this is the time the identification replays read them at (docs/sysid.md).
+SAGE_TRANSACTION_S = 0.0008
+SAGE_RATE_HZ = 50.0
+# SAGE clips each goal to the joint's calibrated range and the servo clamps it to its position
+# limits; the logs record neither. A goal this far beyond every reading of its joint was not
+# the goal the servo held (single_joint_wrist_roll: goals to -1.60 rad, the joint stops at
+# -1.03): it is held at the joint's extreme reading.
+SAGE_UNREACHED_RAD = 0.2
+# What the servos ran with: SAGE writes P, I and D; it never writes Acceleration (LeRobot's
+# SO101Follower.configure does, SAGE does not call it), a RAM register the servo powers up
+# with at 0: no profile ramp. The logs agree: replayed with LeRobot's 254, the nominal model is
+# 43 mrad off on prbs_excitation; with 0, 25 (docs/sysid.md).
+SAGE_REGISTERS = {"p": 16, "i": 0, "d": 32, "acceleration": 0}
+
+
+def read_sage(folder: str | Path, transaction_s: float = SAGE_TRANSACTION_S) -> MotionLog:
+    """A motion of NVIDIA SAGE's real SO-101 (data/sage_so101/README.md), the five arm joints in
+    this project's convention: SAGE reads positions with 4096 ticks a turn and writes goals
+    truncated to whole ticks with 4095 a turn (LeRobot's); here both are LeRobot's degrees
+    scale, and the goal is the tick the servo was sent. The gripper column, a 0-1 fraction of
+    its calibrated range, is left out. Each joint's goal and reading carry their place in the
+    tick's bus traffic (`goal_delay`, `read_delay`)."""
+    folder = Path(folder)
+    control = _sage_rows(folder, "control", ("type", "timestamp", "positions"))
+    state = _sage_rows(folder, "state_motor", ("type", "timestamp", "positions", "velocities", "torques"))
+    if len(control[0]) != len(state[0]):
+        raise LogError(state[2], f"{len(state[0])} rows, but control.csv has {len(control[0])}")
+    t_ctl, goal_sent, _ = control
+    t, pos, where = state
+    bad = np.flatnonzero(np.abs(t - t_ctl) > 1.0)
+    if bad.size:
+        raise LogError(where, f"timestamp {t[bad[0]]:.0f} us, control.csv's row has {t_ctl[bad[0]]:.0f}",
+                       int(bad[0]) + 1, "timestamp")
+    arm = len(SAGE_JOINTS) - 1
+    ticks = pos[:, :arm] * 4096 / (2 * math.pi)               # the encoder, relative to the range's middle
+    half = np.round(np.median(ticks % 1.0, axis=0) * 2) / 2 % 1.0   # the middle is a whole or a half tick
+    measured = ticks * 2 * math.pi / 4095
+    goal_ticks = np.floor(goal_sent[:, :arm] * 4095 / (2 * math.pi) + half) - half
+    lo, hi = measured.min(axis=0), measured.max(axis=0)
+    goal = goal_ticks * 2 * math.pi / 4095
+    goal = np.where(goal < lo - SAGE_UNREACHED_RAD, lo, np.where(goal > hi + SAGE_UNREACHED_RAD, hi, goal))
+    order = np.arange(arm)
+    return MotionLog(str(folder), list(SAGE_JOINTS[:arm]), (t - t[0]) / 1e6, goal, measured,
+                     np.ones(len(t), dtype=bool), SAGE_RATE_HZ,
+                     rig={"source": "NVIDIA SAGE, real SO-101", "registers": dict(SAGE_REGISTERS)},
+                     goal_delay=(order + 1) * transaction_s,
+                     read_delay=(len(SAGE_JOINTS) + 3 * order + 0.5) * transaction_s)
+
+
+def _sage_rows(folder: Path, name: str, columns: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, Path]:
+    """(timestamps [T] us, positions [T, 6] rad, the file) of one of a SAGE motion's CSV files."""
+    path = next((p for p in (folder / f"{name}.csv", folder / f"{name}.csv.gz") if p.is_file()), None)
+    if path is None:
+        raise LogError(folder, f"no {name}.csv or {name}.csv.gz: not a SAGE motion folder")
+    try:
+        with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path, newline="")) as f:
+            rows = list(csv.reader(f))
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as e:
+        raise LogError(path, f"unreadable ({type(e).__name__}: {str(e)[:80]})") from None
+    if not rows or tuple(rows[0]) != columns:
+        raise LogError(path, f"header {rows[0] if rows else None}, expected {list(columns)}", 0)
+    t, pos = [], []
+    for k, row in enumerate(rows[1:], start=1):
+        if len(row) != len(columns):
+            raise LogError(path, f"{len(row)} columns, expected {len(columns)}", k)
+        try:
+            stamp, values = float(row[1]), json.loads(row[2])
+        except ValueError as e:
+            raise LogError(path, f"not a number or a list ({str(e)[:60]})", k,
+                           "timestamp" if not _is_float(row[1]) else "positions") from None
+        if not isinstance(values, list) or len(values) != len(SAGE_JOINTS):
+            count = len(values) if isinstance(values, list) else 0
+            raise LogError(path, f"{count} joints, expected {len(SAGE_JOINTS)} ({', '.join(SAGE_JOINTS)})", k,
+                           "positions")
+        if not (math.isfinite(stamp) and all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)):
+            raise LogError(path, "not finite", k, "timestamp" if not math.isfinite(stamp) else "positions")
+        if t and stamp <= t[-1]:
+            raise LogError(path, f"timestamps go backwards ({t[-1]:.0f} -> {stamp:.0f} us)", k, "timestamp")
+        t.append(stamp)
+        pos.append(values)
+    if len(t) < 2:
+        raise LogError(path, f"{len(t)} rows: a motion needs at least two")
+    return np.asarray(t), np.asarray(pos, dtype=float), path
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False

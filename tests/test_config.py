@@ -75,7 +75,7 @@ def test_each_physical_constant_is_defined_once():
     import re
 
     from soarm import REPO_ROOT
-    from soarm.calibration.sysid import SysidCfg, load_windows
+    from soarm.calibration.windows import whole_logs
     from soarm.description import load_robot
     from soarm.logs import MotionLog
     from soarm.robot.emulator_physics import build_plant
@@ -87,7 +87,7 @@ def test_each_physical_constant_is_defined_once():
     t = np.arange(300) / 30
     goal = np.asarray(robot.home)[None] + 0.1 * np.sin(t)[:, None]
     log = MotionLog("x.mcap", list(robot.arm_joints), t, goal, goal, np.ones(300, dtype=bool), 30.0)
-    assert load_windows([log], robot, SysidCfg(), task.physics_dt).dt == task.physics_dt
+    assert whole_logs([log], robot, task.physics_dt).dt == task.physics_dt
     code = [p for d in ("soarm", "training", "export", "robot", "calibration", "ros2_ws", "benchmarks")
             for p in (REPO_ROOT / d).rglob("*.py")]
     for pattern, home_of in ((r"sts3215_7v4", "soarm/reach.py"), (r"0\.0056|1(\.0)? / 180\b", None),

@@ -222,8 +222,10 @@ def test_the_perturbed_plant_applies_every_difference(robot):
                         backlash=0.02)
     arm = ArmParams("servo/sts3215_7v4.yaml", latency_ticks=2, joints={n: joint for n in robot.names})
     q0 = robot.home_pose.tolist()
-    nominal, odd = build_plant(robot, q0, False, "armsim", None), build_plant(robot, q0, False, "armsim", arm)
+    bare = ArmParams("servo/sts3215_7v4.yaml")                # the servo model as it is
+    nominal, odd = build_plant(robot, q0, False, "armsim", bare), build_plant(robot, q0, False, "armsim", arm)
     a, b = nominal.sim.physics, odd.sim.physics
+    assert np.allclose(a.coulomb, s.friction_coulomb) and np.allclose(a.deadband, s.deadband_ticks)
     assert np.allclose(b.coulomb, 2 * a.coulomb) and np.allclose(b.viscous, 0.5 * a.viscous)
     assert np.allclose(b.gain_scale, 0.7) and np.allclose(b.mass_scale, 1.2) and np.allclose(b.backlash, 0.02)
     assert np.allclose(b.friction_load, 1.5 * a.friction_load) and np.allclose(b.armature, 1.2 * a.armature)

@@ -208,11 +208,10 @@ def test_closed_loop_reach_through_ros_sdk_and_emulator(rig, client, tmp_path, r
     # own decision step), nominal, one arm through the same 20 targets.
     from soarm.robot.safety import SafetyCfg
     from soarm.calibration.transfer import PLANTS, SuiteContext, run_plant
-    from soarm.servo import ServoConfig
 
     task = config.load(ReachCfg, REPO_ROOT / "configs" / "task" / "reach.yaml")
     plant = request.node.callspec.params["rig"]
-    ctx = SuiteContext(robot, task, config.load(ServoConfig, REPO_ROOT / "configs" / task.servo))
+    ctx = SuiteContext.of(task)
     spec = PLANTS["nominal" if plant == "armsim" else "mujoco"]
     sim = run_plant(rt, spec, ctx, targets.numpy(), 20, 7, SafetyCfg())
     ratio = ros_mean / sim["mean_error_m"]

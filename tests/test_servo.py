@@ -156,7 +156,7 @@ def test_held_out_error_of_the_servo_model_does_not_rise():
         assert rows[name]["sts_servo"] < rows[name]["implicit_pd"], (name, rows[name])
 
 
-@pytest.mark.parametrize("servo_file", ["sts3215_7v4.yaml", "sts3250_bench_fit.yaml"])
+@pytest.mark.parametrize("servo_file", ["sts3215_7v4.yaml", "sts3215_12v.yaml", "sts3250_bench_fit.yaml"])
 def test_servo_parameters_lie_within_their_datasheet_bounds(servo_file):
     """The SO-101's servo set (BAM's, identified elsewhere) and our bench fit both give a
     no-load speed, stall torque and speed limit within the fit's bounds of the servo type's
@@ -175,5 +175,5 @@ def test_servo_parameters_lie_within_their_datasheet_bounds(servo_file):
 
 
 def test_a_servo_type_without_a_datasheet_is_one_line(tmp_path):
-    with pytest.raises(ConfigError, match="no datasheet for motor 'sts9999' \\(known: sts3215, sts3250\\)"):
+    with pytest.raises(ConfigError, match="no datasheet for motor .sts9999. \\(known: sts3215, sts3215_12v, sts3250\\)"):
         fitting.load_datasheet("sts9999")

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from soarm import CONFIG_DIR, config
-from soarm.calibration.sysid import SysidCfg, load_windows
+from soarm.calibration.sysid import SysidCfg
+from soarm.calibration.windows import cut_windows
 from soarm.description import load_robot
 from soarm.logs import EncoderLogWriter, LogError, TickRecord, read_motion
 from soarm.reach import ReachCfg
@@ -21,7 +22,8 @@ DT, SUBSTEPS = TASK.physics_dt, TASK.substeps
 
 
 def windows(paths, cfg=None):
-    return load_windows([read_motion(p) for p in paths], ROBOT, cfg or SysidCfg(), DT)
+    cfg = cfg or SysidCfg()
+    return cut_windows([read_motion(p) for p in paths], ROBOT, cfg.window_s, cfg.min_motion_s, DT)
 
 
 def gravity_on(joint: int, mass_scale: list[float]) -> float:
@@ -69,7 +71,8 @@ def test_a_moving_log_is_cut_into_windows_on_the_physics_grid(tmp_path):
     assert w.q0.shape == (3, len(ARM)) and w.pose == ["home"] * 3
     assert math.isclose(w.dt, 1 / 180) and int(w.valid.sum()) == 900
     k = w.valid[0]
-    np.testing.assert_allclose(w.goals[0, w.at[0][k]], w.measured[0, k], atol=1e-6)   # the goal logged at each reading
+    at = w.at[0][k]                                                       # [K, A] each joint's reading's step
+    np.testing.assert_allclose(torch.gather(w.goals[0], 0, at), w.measured[0, k], atol=1e-6)   # the goal logged there
 
 
 def test_training_draws_centre_on_the_identified_arm():
@@ -306,3 +309,29 @@ def test_sysid_writes_an_arm_file_training_reads_a_report_and_a_plot(tmp_path):
     assert all(arm.joints[n] == result.arm.resolved(ROBOT).joints[n] for n in ROBOT.names)
     assert (tmp_path / "out" / "sysid.json").is_file() and (tmp_path / "out" / "sysid.png").stat().st_size > 0
     assert all(j.rms_held_out_mrad is None for j in result.joints)       # one pose only: nothing to hold out
+
+
+def test_a_fit_worse_than_the_servo_model_on_its_held_out_motion_writes_no_arm_file(tmp_path, monkeypatch, capsys):
+    """Held out, the fit must replay better than the servo model, or `soarm sysid` says so with
+    both figures and writes nothing (`--keep-worse` writes it anyway)."""
+    import dataclasses
+
+    from soarm import cli
+    from soarm.arm_params import ArmParams
+    from soarm.calibration import sysid as sysid_module
+    from soarm.calibration.sysid import JointFit, SysidResult
+    from soarm.servo import ServoParams
+
+    def identify(logs, robot, task, cfg, out):
+        joints = [JointFit(n, {}, rms_nominal_mrad=5.0, rms_mrad=3.0, rms_held_out_mrad=6.0) for n in ARM]
+        return SysidResult(ArmParams(TASK.servo), joints, 3, 1.0, ServoParams())
+    monkeypatch.setattr(sysid_module, "identify", identify)
+    monkeypatch.setattr(sysid_module.SysidResult, "table", lambda self: [])
+    log = write_log(tmp_path / "moving.mcap", n=150)
+    assert cli.main(["sysid", str(log), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "held out 6.00 mrad, servo model 5.00 mrad" in err and "--keep-worse" in err
+    assert not (tmp_path / "out").exists()
+    better = dataclasses.replace(identify(None, None, None, None, None),
+                                 joints=[JointFit(n, {}, 5.0, 3.0, 4.0) for n in ARM])
+    assert better.worse_than_nominal() == ""
