@@ -23,7 +23,7 @@ import torch
 
 from soarm import CONFIG_DIR, config
 from soarm.arm_params import ArmParams, load_arm
-from soarm.calibration.sysid import Candidates, nominal, play_windows, side_sq_error
+from soarm.calibration.sysid import Candidates, nominal, replay_rms
 from soarm.calibration.windows import Windows, as_recorded, whole_logs
 from soarm.description import RobotDescription, load_robot
 from soarm.files import atomic_write
@@ -74,12 +74,8 @@ def check(windows: Windows, arm: ArmParams | None, robot: RobotDescription, serv
     """(RMS [S, A] mrad, the readings [S, K, A] of the better end of the play per joint)."""
     cand = nominal(len(robot.arm_joints), servo.params) if arm is None else \
         Candidates.of(arm, robot, servo.params, substeps)
-    readings = play_windows(windows, cand, robot, servo, compile)[0]     # [2 sides, S, K, A]
-    side = side_sq_error(windows, readings[None])[0].argmin(dim=0)        # [S, A]
-    best = torch.gather(readings, 0, side[None, :, None, :].expand(1, *readings.shape[1:]))[0]
-    err = (best - windows.measured) * windows.valid[..., None]
-    rms = 1000 * (err.square().sum(dim=1) / windows.valid.sum(dim=1, keepdim=True)).sqrt()
-    return rms.numpy(), best
+    rms, readings = replay_rms(windows, cand, robot, servo, compile)
+    return rms.numpy(), readings
 
 
 def arm_check(logs: list[Path], cfg: ArmCheckCfg, say: Callable[[str], None] = print,

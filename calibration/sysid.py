@@ -16,10 +16,12 @@ error. The latency, one for the arm, is scanned in whole control ticks before, m
 after. `SysidCfg.fitted` names what is searched; the rest stays at the servo model's values.
 
 Held-out error: with several logs, whole logs are left out (`folds` groups of them, each
-fitted on the others and scored alone); from one log, its windows are split by the base pose
-nearest to them (the plan's `home` and `park`, gravity-loaded and folded), each half fitted
-alone and scored on the other. A fit that replays its held-out motion no better than the
-servo model says so, with the figures, and writes no arm file unless `keep_worse`.
+fitted on the others) and replayed whole, from their first pose to their end, as `soarm
+arm-check` replays them; from one log, its windows are split by the base pose nearest to them
+(the plan's `home` and `park`, gravity-loaded and folded), each half fitted alone and scored
+on the other. The servo model replays the same motions beside it. A fit that replays its
+held-out motion no better than the servo model says so, with the figures, and writes no arm
+file unless `keep_worse`.
 
     result = identify([read_motion(p)], robot, task, SysidCfg())
     result.arm                       # ArmParams: `soarm train --set task.arm=FILE`
@@ -41,10 +43,10 @@ import torch
 from soarm import CONFIG_DIR, REPO_ROOT, config
 from soarm.arm_params import JOINT_FIELDS, ArmParams, JointParams
 from soarm.calibration.search import Scored, SearchCfg, cross_entropy, polish
-from soarm.calibration.windows import Windows, as_recorded, cut_windows
+from soarm.calibration.windows import Windows, as_recorded, cut_windows, whole_logs
 from soarm.description import RobotDescription, load_robot
 from soarm.files import atomic_write
-from soarm.logs import MotionLog, read_motion
+from soarm.logs import LogError, MotionLog, read_motion
 from soarm.plant import Drive, SimPlant, play
 from soarm.reach import ReachCfg, full_pose
 from soarm.servo import ServoConfig, ServoParams
@@ -144,7 +146,8 @@ class JointFit:
     values: dict[str, float]       # JointParams' fields, their units
     rms_nominal_mrad: float        # the nominal model on every window
     rms_mrad: float                # the identified model on every window (in sample)
-    rms_held_out_mrad: float | None   # fitted on one pose's windows, scored on the other's
+    rms_held_out_mrad: float | None   # mean RMS over the held-out motions, each by the fit without it
+    rms_held_out_nominal_mrad: float | None = None   # the servo model on the same motions
 
 
 @dataclass
@@ -155,7 +158,7 @@ class SysidResult:
     wall_s: float
     servo: ServoParams
     traces: dict = field(default_factory=dict)    # for the plot: per joint, t, measured, nominal, identified
-    by_log: dict = field(default_factory=dict)    # {"held_out" | "nominal": {log: {joint: RMS mrad}}}
+    by_log: dict = field(default_factory=dict)    # {"held_out" | "nominal": {motion: {joint: RMS mrad}}}
 
     def table(self) -> list[str]:
         """Multipliers as x the servo model's, the dead-band in ticks, the play in degrees."""
@@ -164,21 +167,32 @@ class SysidResult:
             v / nominal[n] if JOINT_FIELDS[n].multiplier else v)
         heads = ("gain", "coul", "visc", "load", "armat", "dead", "mass", "play°")    # PARAMS' order
         lines = [f"{'joint':14s} " + " ".join(f"{h:>5s}" for h in heads) +
-                 f"  {'RMS mrad: nominal':>17s} {'fit':>6s} {'held-out':>8s}"]
+                 f"  {'RMS mrad: windows nominal':>25s} {'fit':>6s}  {'held out: nominal':>17s} {'fit':>6s}"]
+        shown_rms = lambda x: "-" if x is None else f"{x:.2f}"    # noqa: E731
         for f in self.joints:
-            held = "-" if f.rms_held_out_mrad is None else f"{f.rms_held_out_mrad:.2f}"
             lines.append(f"{f.joint:14s} " + " ".join(f"{shown(n, f.values[n]):5.2f}" for n in PARAMS) +
-                         f"  {f.rms_nominal_mrad:17.2f} {f.rms_mrad:6.2f} {held:>8s}")
+                         f"  {f.rms_nominal_mrad:25.2f} {f.rms_mrad:6.2f}  "
+                         f"{shown_rms(f.rms_held_out_nominal_mrad):>17s} {shown_rms(f.rms_held_out_mrad):>6s}")
+        held = self.held_out()
+        if held is not None:
+            lines.append(f"held out, mean over joints: fit {held[1]:.2f} mrad, servo model {held[0]:.2f} mrad "
+                         f"({held[1] / held[0]:.2f}x)")
         lines.append(f"latency {self.arm.latency_ticks} control ticks (multipliers: x the servo model's)")
         return lines
 
+    def held_out(self) -> tuple[float, float] | None:
+        """(servo model, fit): mean RMS over joints of the held-out replay; None without one."""
+        if any(f.rms_held_out_mrad is None for f in self.joints):
+            return None
+        return (float(np.mean([f.rms_held_out_nominal_mrad for f in self.joints])),
+                float(np.mean([f.rms_held_out_mrad for f in self.joints])))
+
     def worse_than_nominal(self) -> str:
         """'' when the held-out replay beats the servo model's on average; else the two figures."""
-        held = [f.rms_held_out_mrad for f in self.joints]
-        if None in held:
+        held = self.held_out()
+        if held is None or held[1] < held[0]:
             return ""
-        nominal, fitted = np.mean([f.rms_nominal_mrad for f in self.joints]), float(np.mean(held))
-        return f"held out {fitted:.2f} mrad, servo model {nominal:.2f} mrad" if fitted >= nominal else ""
+        return f"held out {held[1]:.2f} mrad, servo model {held[0]:.2f} mrad"
 
 
 # ---------------------------------------------------------------- windows through the plant
@@ -233,6 +247,17 @@ def window_sq_error(w: Windows, readings: torch.Tensor) -> torch.Tensor:
     """Summed squared error per candidate, window and joint [B, S, A], from the better end
     of the play for each held joint."""
     return side_sq_error(w, readings).amin(dim=1)
+
+
+def replay_rms(w: Windows, cand: Candidates, robot: RobotDescription, servo: ServoConfig,
+               compile: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """One candidate on each window, as `soarm arm-check` scores it: (RMS [S, A] mrad, the
+    readings [S, K, A] from the better end of the play per joint)."""
+    readings = play_windows(w, cand, robot, servo, compile)[0]              # [2 sides, S, K, A]
+    side = side_sq_error(w, readings[None])[0].argmin(dim=0)                # [S, A]
+    best = torch.gather(readings, 0, side[None, :, None, :].expand(1, *readings.shape[1:]))[0]
+    err = (best - w.measured) * w.valid[..., None]
+    return 1000 * (err.square().sum(dim=1) / w.valid.sum(dim=1, keepdim=True)).sqrt(), best
 
 
 def joint_sq_error(w: Windows, readings: torch.Tensor) -> torch.Tensor:
@@ -336,19 +361,20 @@ def identify(logs: list[MotionLog], robot: RobotDescription, task: ReachCfg, cfg
     out(f"sysid: {w.q0.shape[0]} windows of motion from {len(logs)} log(s), "
         f"{float(w.at.amax(dim=(1, 2)).sum()) * w.dt:.0f} s in all")
     best = fit(fitting, out, "all windows")
-    held, held_by_log = None, {}
-    folds = held_out_folds(w, cfg.folds)
-    if folds:                                   # each fold's windows scored by a fit without them
-        sq = torch.zeros(len(w.pose), A)        # per window and joint, summed squared error
-        for name, idx in folds.items():
-            scored = w.take(idx)
-            rest = [i for i in range(len(w.pose)) if i not in idx]
-            fold = fit(Fitting(w.take(rest), robot, servo, task.substeps, cfg), out, f"without {name}")
-            sq[idx] = window_sq_error(scored, play_windows(scored, fold, robot, servo, cfg.compile))[0]
-        held = 1000 * (sq.sum(0) / w.valid.sum()).sqrt()
-        for log in dict.fromkeys(w.log):
-            mine = [i for i, name in enumerate(w.log) if name == log]
-            held_by_log[log] = _per(arm, 1000 * (sq[mine].sum(0) / w.valid[mine].sum()).sqrt())
+    held, held_nominal, by_log = None, None, {}
+    folds = held_out_folds(w, cfg.folds, logs, robot, task.physics_dt)
+    if folds:                                   # each fold's motions replayed by a fit without them
+        start = nominal(A, servo.params)
+        rms = {"held_out": [], "nominal": []}                              # [motions, A] per fold
+        for fold in folds:
+            cand = fit(Fitting(w.take(fold.fitted), robot, servo, task.substeps, cfg), out, f"without {fold.name}")
+            for key, c in (("held_out", cand), ("nominal", start)):
+                r = replay_rms(fold.scored, c, robot, servo, cfg.compile)[0]
+                rms[key].append(r)
+                by_log.setdefault(key, {}).update({s: _per(arm, x) for s, x in zip(fold.scored.source, r)})
+        held, held_nominal = (torch.cat(rms[key]).mean(dim=0) for key in ("held_out", "nominal"))
+        out("sysid held out, RMS per joint (mrad): fit " + " ".join(f"{x:.2f}" for x in held) +
+            ", servo model " + " ".join(f"{x:.2f}" for x in held_nominal))
     start = nominal(A, servo.params)
     both = Candidates(torch.cat([start.theta, best.theta]), torch.cat([start.latency, best.latency]))
     readings = play_windows(w, both, robot, servo, cfg.compile)              # [2: nominal, fit; 2 sides, S, K, A]
@@ -358,26 +384,48 @@ def identify(logs: list[MotionLog], robot: RobotDescription, task: ReachCfg, cfg
         servo=task.servo, latency_ticks=int(round(float(best.latency[0]) / task.substeps)),
         joints={n: JointParams(**{k: round(float(values[k][j]), 6) for k in PARAMS}) for j, n in enumerate(arm)},
         source={"logs": [log.source for log in logs], "registers": dataclasses.asdict(servo.registers),
-                "rms_mrad": {"nominal": _per(arm, rms_nom), "fit": _per(arm, rms_fit),
-                             "held_out": None if held is None else _per(arm, held)}})
-    nominal_by_log = {log: _per(arm, 1000 * (window_sq_error(w, readings[:1])[0][mine].sum(0)
-                                              / w.valid[mine].sum()).sqrt())
-                      for log in dict.fromkeys(w.log) for mine in [[i for i, n in enumerate(w.log) if n == log]]}
+                "rms_mrad": {"windows": {"nominal": _per(arm, rms_nom), "fit": _per(arm, rms_fit)},
+                             "held_out": None if held is None else
+                             {"nominal": _per(arm, held_nominal), "fit": _per(arm, held)}}})
     joints = [JointFit(n, {k: float(values[k][j]) for k in PARAMS}, float(rms_nom[j]), float(rms_fit[j]),
-                       None if held is None else float(held[j])) for j, n in enumerate(arm)]
+                       None if held is None else float(held[j]), None if held is None else float(held_nominal[j]))
+              for j, n in enumerate(arm)]
     return SysidResult(identified, joints, w.q0.shape[0], time.time() - t0, servo.params, _traces(w, readings, robot),
-                       {"held_out": held_by_log, "nominal": nominal_by_log})
+                       by_log)
 
 
-def held_out_folds(w: Windows, folds: int) -> dict[str, list[int]]:
-    """{fold name: its windows}: whole logs left out in `folds` groups when the windows come
-    from several logs; from one, the windows nearest each base pose; {} when neither splits."""
-    logs = list(dict.fromkeys(w.log))
-    if len(logs) >= 2 and folds >= 2:
-        groups = [logs[k::min(folds, len(logs))] for k in range(min(folds, len(logs)))]
-        return {"+".join(g): [i for i, name in enumerate(w.log) if name in g] for g in groups}
+@dataclass
+class Fold:
+    name: str
+    fitted: list[int]              # the windows its fit sees
+    scored: Windows                # the motion it is scored on, which that fit never saw
+
+
+def held_out_folds(w: Windows, folds: int, logs: list[MotionLog], robot: RobotDescription,
+                   dt: float) -> list[Fold]:
+    """Whole logs left out in `folds` groups, each scored whole, when the windows come from
+    several logs; from one, the windows nearest each base pose; [] when neither splits."""
+    names = list(dict.fromkeys(w.log))
+    if len(names) >= 2 and folds >= 2:
+        k = min(folds, len(names))
+        by_name = {Path(log.source).name: log for log in logs}
+        return [Fold("+".join(group), [i for i, n in enumerate(w.log) if n not in group],
+                     _motions(w, [by_name[n] for n in group], robot, dt))
+                for group in (names[g::k] for g in range(k))]
     by_pose = {p: [i for i, q in enumerate(w.pose) if q == p] for p in dict.fromkeys(w.pose)}
-    return {f"the {p} windows": idx for p, idx in by_pose.items()} if len(by_pose) == 2 else {}
+    if len(by_pose) != 2:
+        return []
+    return [Fold(f"the {p} windows", [i for i in range(len(w.pose)) if i not in idx], w.take(idx))
+            for p, idx in by_pose.items()]
+
+
+def _motions(w: Windows, logs: list[MotionLog], robot: RobotDescription, dt: float) -> Windows:
+    """`logs` replayed whole where they can be (torque on throughout), else their windows."""
+    try:
+        return whole_logs(logs, robot, dt)
+    except LogError:
+        names = {Path(log.source).name for log in logs}
+        return w.take([i for i, n in enumerate(w.log) if n in names])
 
 
 def _per(names: list[str], x: torch.Tensor) -> dict[str, float]:

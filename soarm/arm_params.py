@@ -146,9 +146,10 @@ EARLIER_FORMAT = ("backlash_deg", "friction_scale", "gain_scale", "mass_scale")
 
 
 def load_arm(path: str | Path, robot: RobotDescription, servo: str | None = None) -> ArmParams:
-    """The arm at `path` (relative to configs/ unless absolute), resolved for this robot; with
-    `servo`, it must be relative to that servo model (a task's)."""
-    path = CONFIG_DIR / path
+    """The arm at `path` (as given where that file exists, otherwise under configs/: a task's
+    `arm: arm/so101_sage.yaml`), resolved for this robot; with `servo`, it must be relative to
+    that servo model (a task's)."""
+    path = Path(path) if Path(path).exists() else CONFIG_DIR / path
     try:
         arm = config.load(ArmParams, path)
     except config.ConfigError as e:

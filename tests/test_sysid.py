@@ -323,7 +323,8 @@ def test_a_fit_worse_than_the_servo_model_on_its_held_out_motion_writes_no_arm_f
     from soarm.servo import ServoParams
 
     def identify(logs, robot, task, cfg, out):
-        joints = [JointFit(n, {}, rms_nominal_mrad=5.0, rms_mrad=3.0, rms_held_out_mrad=6.0) for n in ARM]
+        joints = [JointFit(n, {}, rms_nominal_mrad=4.0, rms_mrad=3.0, rms_held_out_mrad=6.0,
+                           rms_held_out_nominal_mrad=5.0) for n in ARM]
         return SysidResult(ArmParams(TASK.servo), joints, 3, 1.0, ServoParams())
     monkeypatch.setattr(sysid_module, "identify", identify)
     monkeypatch.setattr(sysid_module.SysidResult, "table", lambda self: [])
@@ -333,5 +334,5 @@ def test_a_fit_worse_than_the_servo_model_on_its_held_out_motion_writes_no_arm_f
     assert "\n" not in err and "held out 6.00 mrad, servo model 5.00 mrad" in err and "--keep-worse" in err
     assert not (tmp_path / "out").exists()
     better = dataclasses.replace(identify(None, None, None, None, None),
-                                 joints=[JointFit(n, {}, 5.0, 3.0, 4.0) for n in ARM])
+                                 joints=[JointFit(n, {}, 5.0, 3.0, 4.0, 5.0) for n in ARM])
     assert better.worse_than_nominal() == ""
