@@ -119,12 +119,13 @@ class SimPlant(Plant):
     def build(cls, robot: RobotDescription, servo: ServoConfig, n: int, dt: float, arm=None,
               backlash: float = 0.0, compile: bool = False, **switches) -> SimPlant:
         """n arms; `arm` (soarm.arm_params.ArmParams): every arm that one (its play included);
-        `backlash`: the gear-play model on with this play (rad) everywhere; `switches`:
-        ArmSim's (pd_drives, carries_payload)."""
+        `backlash`: the gear-play model on with at least this play (rad) in every joint;
+        `switches`: ArmSim's (pd_drives, carries_payload)."""
         play = max(backlash, 0.0 if arm is None else arm.max_backlash(robot))
         sim = ArmSim(robot, servo.params, servo.registers, n, dt, backlash=play, **switches)
         if arm is not None:
             arm.apply(sim.physics, robot)
+            sim.physics.backlash = sim.physics.backlash.clamp(min=backlash)
         if compile:
             sim.compile()
         return cls(sim)

@@ -235,3 +235,21 @@ def test_pd_drive_follows_mujocos_position_actuator(robot, scale):
         worst = max(worst, float(np.abs(mj.q - sim.q.numpy()).max()))
     assert np.abs(sim.q.numpy() - goal.numpy())[0, 1:4].max() < 0.03          # it moved the 0.2-0.3 rad
     assert worst < 0.03, f"ArmSim's PD left MuJoCo's trajectory by {worst:.4f} rad"
+
+
+def test_a_perturbation_row_acts_on_top_of_the_tasks_model_of_the_arm():
+    """On an identified arm (the default model), `backlash_1deg` still plays 1 deg in every
+    joint, and `servo_model` drops the arm: the rows perturb the arm, the arm does not mask them."""
+    from soarm.arm_params import ArmParams, JointParams
+    from soarm.calibration.transfer import SuiteContext
+    from soarm.reach import ReachCfg
+    from soarm import CONFIG_DIR, config
+
+    task = config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml")
+    ctx = SuiteContext.of(task)
+    ctx.arm = ArmParams(task.servo, joints={"shoulder_lift": JointParams(backlash=0.002, gain_scale=1.5)}).resolved(ctx.robot)
+    gen = torch.Generator().manual_seed(0)
+    play = PLANTS["backlash_1deg"].build(ctx, 2, gen).sim.physics
+    assert torch.all(play.backlash >= math.radians(1.0) - 1e-9) and float(play.gain_scale[0, 1]) == 1.5
+    bare = PLANTS["servo_model"].build(ctx, 2, gen).sim.physics
+    assert torch.all(bare.gain_scale == 1.0) and torch.all(bare.backlash == 0.0)
