@@ -178,6 +178,9 @@ class RandomizationCfg:
     # step: the few arms that set the randomized row's tail are rare in the draw
     # (docs/transfer.md, Z). 0 draws every episode afresh.
     hard_replay: float = 0.0
+    # Training draws around the task's `arm` (True) or around the servo model (False). The
+    # transfer suite's randomized row draws around the task's arm either way.
+    centre_on_arm: bool = False
 
     def validate(self) -> None:
         for name in ("gain_scale", "friction_scale", "mass_scale", "latency_ticks", "backlash_deg", "payload_kg",
@@ -232,8 +235,10 @@ class ReachCfg:
     # The critic also observes the episode's drawn physics (PRIVILEGED_TERMS); the policy does not.
     critic_physics: bool = False
     servo: str = "servo/sts3215_7v4.yaml"       # relative to configs/
-    # An identified arm (soarm/arm_params.py: `soarm sysid`'s arm.yaml, relative to configs/ or
-    # absolute): the randomization is centred on it (`draw_physics`). None: on the servo model.
+    # The project's model of the arm (soarm/arm_params.py: `soarm sysid`'s arm.yaml, relative to
+    # configs/ or absolute): the emulator's plant, `soarm arm-check`'s default, the transfer
+    # suite's nominal row, and training's centre where `randomization.centre_on_arm`
+    # (`draw_physics`). None: the servo model alone.
     arm: str | None = None
     command: CommandCfg = field(default_factory=CommandCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)

@@ -99,8 +99,10 @@ class ReachTask:
         self.device = torch.device(device)
         self.dyn = ArmDynamics(robot, self.device)
         self.servo = config.load(ServoConfig, CONFIG_DIR / cfg.servo)
-        # An identified arm the randomization centres on (ReachCfg.arm): its rows [J], its latency.
+        # The task's arm, checked; the randomization centres on it where the task says so: its
+        # rows [J], its latency.
         arm = None if cfg.arm is None else load_arm(cfg.arm, robot, cfg.servo)
+        arm = arm if cfg.randomization.centre_on_arm else None
         self.centre = None if arm is None else arm.rows(robot, self.device)
         self.centre_latency = None if arm is None else arm.latency_ticks
         self.gen = torch.Generator().manual_seed(seed)

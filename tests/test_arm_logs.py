@@ -93,3 +93,32 @@ def test_arm_check_prints_a_line_per_log_then_the_mean_and_writes_nothing_on_bad
     assert cli.main(["arm-check", str(bad), "--arm", "nominal", "--out", str(tmp_path / "bad.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "row 3" in err[0] and not (tmp_path / "bad.json").exists()
+
+
+def test_sysid_scores_each_left_out_motion_whole_with_a_fit_that_never_saw_it():
+    """Leave-motions-out as `arm-check` replays a motion: the whole log, from its first pose."""
+    from soarm.calibration.sysid import held_out_folds
+    from soarm.calibration.windows import cut_windows
+    from soarm.description import load_robot
+
+    robot, dt = load_robot(), 1 / 180
+    logs = [read_motion(SAGE / name) for name in ("ramp_motion", "triangle_wave", "velocity_ramp")]
+    w = cut_windows(logs, robot, 10.0, 2.0, dt, per_log=2)
+    folds = held_out_folds(w, 2, logs, robot, dt)
+    assert len(folds) == 2 and sorted(n for f in folds for n in f.scored.log) == sorted(set(w.log))
+    for fold in folds:
+        assert not set(fold.scored.log) & {w.log[i] for i in fold.fitted}        # never fitted on
+        for name, source, valid in zip(fold.scored.log, fold.scored.source, fold.scored.valid):
+            log = next(m for m in logs if m.source.endswith(name))
+            assert source.startswith(f"{name}:0.0-") and int(valid.sum()) == len(log.t)   # whole
+
+
+def test_the_default_model_is_the_arm_identified_on_sage_and_nominal_stays_the_servo_model(monkeypatch, capsys):
+    """`arm-check` without `--arm` replays configs/arm/so101_sage.yaml (the task's `arm:`), as
+    the issue's command names it from the repository root; `--arm nominal` the servo model."""
+    monkeypatch.chdir(REPO_ROOT)
+    means = {}
+    for arm in (None, "configs/arm/so101_sage.yaml", "nominal"):
+        assert cli.main(["arm-check", str(SAGE / "ramp_motion")] + ([] if arm is None else ["--arm", arm])) == 0
+        means[arm] = float(capsys.readouterr().out.strip().splitlines()[-1].split()[1])
+    assert means[None] == means["configs/arm/so101_sage.yaml"] < 0.5 * means["nominal"], means

@@ -271,11 +271,15 @@ def test_an_identified_arm_file_is_checked_and_centres_the_training_env(tmp_path
     arm = ArmParams(servo=task_cfg.servo, latency_ticks=1,
                     joints={n: JointParams(gain_scale=2.0, backlash=math.radians(0.5)) for n in ARM})
     path = config.dump(arm, tmp_path / "arm.yaml")
-    base = dataclasses.replace(task_cfg, randomization=dataclasses.replace(task_cfg.randomization, pd_share=0.0))
+    base = dataclasses.replace(task_cfg, randomization=dataclasses.replace(task_cfg.randomization, pd_share=0.0,
+                                                                          centre_on_arm=True))
     nominal, centred = (ReachEnv(dataclasses.replace(base, arm=a), 256, seed=0) for a in (None, str(path)))
     ratio = centred.sim.physics.gain_scale[:, :5] / nominal.sim.physics.gain_scale[:, :5]
     assert torch.allclose(ratio, torch.tensor(2.0)) and centred.sim.gear_play
     centred.step(torch.zeros(256, 5))
+    aside = ReachEnv(dataclasses.replace(base, arm=str(path), randomization=dataclasses.replace(
+        base.randomization, centre_on_arm=False)), 256, seed=0)        # the task's model, not training's centre
+    assert torch.equal(aside.sim.physics.gain_scale, nominal.sim.physics.gain_scale)
     for text, words in [(path.read_text().replace("wrist_roll", "wrist_twist"), "'wrist_twist' is not a joint"),
                         (path.read_text().replace("sts3215_7v4", "sts3250"), "identified on the servo model"),
                         (path.read_text() + "colour: red\n", "unknown key 'colour'"),
