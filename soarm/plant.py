@@ -172,7 +172,7 @@ class SimPlant(Plant):
         return self.sim.measured().double().numpy()
 
 
-def rest_pose(plant: Plant, home: np.ndarray, max_s: float = 10.0) -> np.ndarray:
+def rest_pose(plant: Plant, home: np.ndarray, max_s: float = 30.0) -> np.ndarray:
     """Where an unpowered arm (one, [J]) comes to rest when let go at `home`: stepped in half
     seconds, torque off, until no joint moves faster than 1 mrad/s (or `max_s`)."""
     plant.reset(home[None])
