@@ -54,7 +54,7 @@ class DriverCfg:
     calibration: str = ""                 # LeRobot calibration JSON
     baud: int = BAUD
     servo_ids: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6])   # robot joint order
-    rate_hz: float = 0.0                  # control rate; 0 takes the policy contract's
+    rate_hz: float = 0.0                  # control rate: 0 or the policy contract's (another is refused)
     enable_on_start: bool = False
     log_dir: str = ""                     # an encoder log (MCAP) per enable; "" for none
     status_every: int = 5                 # ticks between servo status polls (round robin)
@@ -128,7 +128,13 @@ class ReachDriver:
             if self.cal[name].id != sid:
                 raise ValueError(f"{cfg.calibration}: '{name}' is servo {self.cal[name].id}, "
                                  f"servo_ids says {sid}")
-        self.rate = cfg.rate_hz or self.runtime.control_hz
+        # A policy acts per tick (relative targets, a history of past ticks) and the safety
+        # layer's step bound is per tick: at another rate the same policy is another controller
+        # (at 120 Hz a 30 Hz policy oscillated, 6.8 rad/s, with no fault).
+        if cfg.rate_hz and abs(cfg.rate_hz - self.runtime.control_hz) > 1e-6:
+            raise ValueError(f"rate_hz {cfg.rate_hz:g}: {cfg.policy} was trained at "
+                             f"{self.runtime.control_hz:g} Hz and runs only at that rate (0 takes it)")
+        self.rate = self.runtime.control_hz
         self.safety = SafetyLayer.for_arm(cfg.safety, self.robot, self.cal)
         self.bus = FeetechBus(cfg.port, dict(zip(self.robot.names, cfg.servo_ids)), cfg.baud)
         self.loop = ControlLoop(self.bus, self.runtime, self.cal, self.safety, self._target, self.rate,

@@ -58,6 +58,8 @@ def test_bad_configuration_is_one_line_before_the_bus_is_touched(emulated, tiny_
         ReachDriver(DriverCfg(port=emu.port, policy=str(tiny_policy), calibration=cal, servo_ids=[1, 2, 3, 4, 5]))
     with pytest.raises(ValueError, match="'elbow_flex' is servo 3, servo_ids says 9"):
         ReachDriver(DriverCfg(port=emu.port, policy=str(tiny_policy), calibration=cal, servo_ids=[1, 2, 9, 4, 5, 6]))
+    with pytest.raises(ValueError, match="rate_hz 120: .* was trained at 30 Hz and runs only at that rate"):
+        ReachDriver(DriverCfg(port=emu.port, policy=str(tiny_policy), calibration=cal, rate_hz=120))
     assert emu.counters["packets"] == before
 
 

@@ -22,7 +22,7 @@ DESCRIPTIONS = {
     "calibration": "LeRobot calibration JSON of this arm (soarm calibrate, or LeRobot's own file)",
     "baud": "bus baud rate; the SO-101's STS3215 servos ship at 1000000",
     "servo_ids": "servo id of each joint, in the robot's joint order (shoulder_pan ... gripper)",
-    "rate_hz": "control rate in Hz; 0 takes the rate the policy was trained at",
+    "rate_hz": "control rate in Hz: 0 or the rate the policy was trained at (another is refused)",
     "enable_on_start": "torque on at start-up; otherwise call the ~/enable service",
     "log_dir": "directory for an encoder log (MCAP) per enable; empty for none",
     "status_every": "ticks between servo status polls (one servo per poll)",
