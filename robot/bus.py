@@ -19,7 +19,6 @@ Every error is a BusError with one line naming the port and the servo.
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
 import time
@@ -109,10 +108,24 @@ def _locked_port(name: str):
     requesting thread, never interleaves its bytes with a packet the bus thread is sending."""
     import scservo_sdk as scs
 
+    import serial
+
     class LockedPort(scs.PortHandler):
         def __init__(self, port_name):
             super().__init__(port_name)
             self.tx_lock = threading.Lock()
+
+        def setupPort(self, cflag_baud):
+            """The SDK's, with the port held exclusively (an advisory lock on POSIX): a second
+            process on the same adapter would interleave its goals with ours tick by tick."""
+            if self.is_open:
+                self.closePort()
+            self.ser = serial.Serial(port=self.port_name, baudrate=self.baudrate, bytesize=serial.EIGHTBITS,
+                                     timeout=0, exclusive=True)
+            self.is_open = True
+            self.ser.reset_input_buffer()
+            self.tx_time_per_byte = (1000.0 / self.baudrate) * 10.0
+            return True
 
         def writePort(self, packet):
             with self.tx_lock:
@@ -136,15 +149,19 @@ class FeetechBus:
             raise BusError(f"{self.port_name}: no such serial port (is the servo adapter plugged in?)")
         if not os.access(self.port_name, os.R_OK | os.W_OK):
             raise BusError(f"{self.port_name}: permission denied (add your user to the 'dialout' group)")
+        self.close()                            # our own earlier open of it, if any
         self.port, self.packets = _locked_port(self.port_name), _strict_packets()
         self._reads = {}                        # sync-read groups hold the port they were made with
         try:
             self.port.baudrate = self.baud
             if not self.port.openPort():
                 raise BusError(f"{self.port_name}: unsupported baud rate {self.baud}")
-        except OSError as e:
-            raise BusError(f"{self.port_name}: cannot open ({os.strerror(e.errno or errno.EIO)})") from None
-        except Exception as e:  # noqa: BLE001 - pyserial's SerialException and friends
+        except Exception as e:  # noqa: BLE001 - OSError, pyserial's SerialException (an OSError) and friends
+            if "exclusively lock" in str(e):
+                raise BusError(f"{self.port_name}: in use by another process (another node, `soarm run` "
+                               "or LeRobot on the same adapter): stop it first") from None
+            if isinstance(e, OSError) and e.errno:
+                raise BusError(f"{self.port_name}: cannot open ({os.strerror(e.errno)})") from None
             raise BusError(f"{self.port_name}: cannot open ({str(e).splitlines()[0]})") from None
         firmware = {}
         for name, sid in self.ids.items():

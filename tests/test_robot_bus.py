@@ -168,3 +168,19 @@ def test_unplugged_port_raises_and_torque_off_does_not(emu):
         for _ in range(3):
             bus.sync_read("Present_Position")
     assert bus.torque_off(tries=2) is False
+
+
+def test_a_second_process_on_the_same_adapter_is_refused_until_the_first_lets_go(emu):
+    """Two controllers on one bus interleave their goals tick by tick (pan overshot 1.13 rad
+    while both said "enabled"): the port is held exclusively, and a second open is one line."""
+    first = connect(emu.port)
+    script = ("import sys\nfrom soarm.robot.bus import BusError, FeetechBus\n"
+              f"bus = FeetechBus({emu.port!r}, {IDS!r})\n"
+              "try:\n    bus.connect()\nexcept BusError as e:\n    print(e)\n    sys.exit(2)\n")
+    other = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert other.returncode == 2 and "in use by another process" in other.stdout, other
+    assert len(other.stdout.strip().splitlines()) == 1
+    first.connect()                                   # our own open again: not locked out by ourselves
+    first.close()
+    again = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again
