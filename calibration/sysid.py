@@ -361,10 +361,10 @@ def identify(logs: list[MotionLog], robot: RobotDescription, task: ReachCfg, cfg
     out(f"sysid: {w.q0.shape[0]} windows of motion from {len(logs)} log(s), "
         f"{float(w.at.amax(dim=(1, 2)).sum()) * w.dt:.0f} s in all")
     best = fit(fitting, out, "all windows")
+    start = nominal(A, servo.params)
     held, held_nominal, by_log = None, None, {}
     folds = held_out_folds(w, cfg.folds, logs, robot, task.physics_dt)
     if folds:                                   # each fold's motions replayed by a fit without them
-        start = nominal(A, servo.params)
         rms = {"held_out": [], "nominal": []}                              # [motions, A] per fold
         for fold in folds:
             cand = fit(Fitting(w.take(fold.fitted), robot, servo, task.substeps, cfg), out, f"without {fold.name}")
@@ -375,7 +375,6 @@ def identify(logs: list[MotionLog], robot: RobotDescription, task: ReachCfg, cfg
         held, held_nominal = (torch.cat(rms[key]).mean(dim=0) for key in ("held_out", "nominal"))
         out("sysid held out, RMS per joint (mrad): fit " + " ".join(f"{x:.2f}" for x in held) +
             ", servo model " + " ".join(f"{x:.2f}" for x in held_nominal))
-    start = nominal(A, servo.params)
     both = Candidates(torch.cat([start.theta, best.theta]), torch.cat([start.latency, best.latency]))
     readings = play_windows(w, both, robot, servo, cfg.compile)              # [2: nominal, fit; 2 sides, S, K, A]
     rms_nom, rms_fit = 1000 * joint_sq_error(w, readings).sqrt()

@@ -108,23 +108,20 @@ def _locked_port(name: str):
     requesting thread, never interleaves its bytes with a packet the bus thread is sending."""
     import scservo_sdk as scs
 
-    import serial
-
     class LockedPort(scs.PortHandler):
         def __init__(self, port_name):
             super().__init__(port_name)
             self.tx_lock = threading.Lock()
 
         def setupPort(self, cflag_baud):
-            """The SDK's, with the port held exclusively (an advisory lock on POSIX): a second
+            """The SDK's, then the port held exclusively (an advisory lock on POSIX): a second
             process on the same adapter would interleave its goals with ours tick by tick."""
-            if self.is_open:
+            super().setupPort(cflag_baud)
+            try:
+                self.ser.exclusive = True                 # pyserial locks as it reconfigures
+            except Exception:
                 self.closePort()
-            self.ser = serial.Serial(port=self.port_name, baudrate=self.baudrate, bytesize=serial.EIGHTBITS,
-                                     timeout=0, exclusive=True)
-            self.is_open = True
-            self.ser.reset_input_buffer()
-            self.tx_time_per_byte = (1000.0 / self.baudrate) * 10.0
+                raise
             return True
 
         def writePort(self, packet):
