@@ -3,7 +3,8 @@ feetech tables). The bus driver and the emulator both read it; nothing else hold
 
 Multi-byte values are little-endian (STS, `PacketHandler(0)`). Signed registers use
 sign-magnitude with the sign in `sign_bit` (Feetech's SCS_TOSCS/SCS_TOHOST), not two's
-complement. Addresses below 40 are EEPROM (write-protected while Lock = 1), from 40 on RAM.
+complement. Addresses below 40 are EEPROM (kept across power-off only when written with
+Lock = 0), from 40 on RAM.
 """
 
 from __future__ import annotations
@@ -85,13 +86,15 @@ _REGISTERS = (
 STS3215: dict[str, Register] = {r.name: r for r in _REGISTERS}
 BY_ADDRESS: dict[int, Register] = {r.address: r for r in _REGISTERS}
 
-# Factory defaults the emulator powers up with (a fresh servo, before calibration).
+# Factory defaults the emulator powers up with (a fresh servo, before calibration; the values
+# of Feetech's STS memory table where it gives one).
 DEFAULTS = {
     "Firmware_Major_Version": 3, "Firmware_Minor_Version": 9, "Model_Number": MODEL_STS3215, "ID": 1,
     "Baud_Rate": 0, "Return_Delay_Time": 0, "Response_Status_Level": 1, "Min_Position_Limit": 0,
     "Max_Position_Limit": TICKS - 1, "Max_Temperature_Limit": 70, "Max_Voltage_Limit": 140,
     "Min_Voltage_Limit": 40, "Max_Torque_Limit": 1000, "P_Coefficient": 16, "D_Coefficient": 32,
-    "I_Coefficient": 0, "Protection_Current": 500, "Homing_Offset": 0, "Torque_Limit": 1000,
+    "I_Coefficient": 0, "Protection_Current": 500, "Protective_Torque": 20, "Protection_Time": 200,
+    "Overload_Torque": 80, "Homing_Offset": 0, "Torque_Limit": 1000,
     "Acceleration": 254, "Lock": 1, "Present_Voltage": 74, "Present_Temperature": 30,
 }
 

@@ -4,9 +4,11 @@
         port = PortHandler(emu.port)          # scservo_sdk, exactly as on the real arm
 
 Protocol (Feetech SCS/STS v1): PING, READ, WRITE, REG_WRITE/ACTION, SYNC_READ (replies in
-list order), SYNC_WRITE, broadcast id 254; a servo whose Baud_Rate register differs from the
+list order), SYNC_WRITE, broadcast id 254 (a broadcast PING is answered by every servo, in id
+order); a packet whose bytes stop coming is dropped after PACKET_TIMEOUT_S; a servo whose Baud_Rate register differs from the
 line speed the host set on the port ignores what it hears; a control-table memory per servo
-(robot/control_table.py) with EEPROM write-protected while Lock = 1;
+(robot/control_table.py) whose EEPROM writes last across `power_cycle()` only when made
+with Lock = 0 (Feetech's memory table: Lock = 1 only stops them being saved);
 Present_Position = (raw - Homing_Offset) mod 4096; Goal_Position clamped to the
 Min/Max_Position_Limit registers; Torque_Enable 0 lets the joint fall.
 
@@ -42,7 +44,7 @@ from soarm.arm_params import ArmParams
 from soarm.robot.emulator_physics import PlantProcess
 from soarm.robot.pty_link import PtyLink
 from soarm.robot.sts_protocol import (ACTION, BAUD_RATES, BROADCAST, PING, READ, REG_WRITE, SYNC_READ, SYNC_WRITE,
-                                      WRITE, Servo, split_packets, status_packet)
+                                      PACKET_TIMEOUT_S, WRITE, Servo, drop_header, split_packets, status_packet)
 from soarm.servo import TICK
 
 # Longest time from reading a packet to writing its reply: well inside the SDK's own
@@ -96,6 +98,7 @@ class ServoBusEmulator:
         self.max_reply_s = 0.0                               # longest read-to-reply time so far
         self.torque_dropped_at: float | None = None          # monotonic: the latest packet that turned a servo off
         self._t_rx = 0.0                                     # monotonic: when the bytes being handled arrived
+        self.write_hooks: list = []                          # called after each write, lock held (the operator)
         self._now = self.plant.state()                       # the state replies are built from
 
     # ------------------------------------------------------------ lifecycle
@@ -121,6 +124,14 @@ class ServoBusEmulator:
         """Pull the USB adapter: the port stops answering, reads fail."""
         self.link.unplug()
 
+    def power_cycle(self) -> None:
+        """Switch the arm's supply off and on: every servo's torque off, RAM back to its
+        power-up values, EEPROM to what was last written with Lock = 0."""
+        with self._lock:
+            for sid, s in self.servos.items():
+                s.power_cycle()
+                self.plant.command_torque(self.joint_of[sid], False)
+
     # ------------------------------------------------------------ state
     def assemble_as(self, cal: dict) -> None:
         """Make the emulated arm the one a calibration file describes (LeRobot format,
@@ -140,12 +151,17 @@ class ServoBusEmulator:
                 s.set("Homing_Offset", c.homing_offset)
                 s.set("Min_Position_Limit", c.range_min)
                 s.set("Max_Position_Limit", c.range_max)
+                s.save()
 
     def place(self, q: list[float]) -> None:
         """Move the arm by hand to joint angles q (rad), at rest (torque-off servos follow)."""
         with self._lock:
             self.plant.place(q)
-            self._now = self.plant.state()
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Answer from the plant's latest state from now on (lock held)."""
+        self._now = self.plant.state()
 
     def joint_positions(self) -> list[float]:
         """True joint angles (rad), for tests and benchmarks."""
@@ -205,6 +221,7 @@ class ServoBusEmulator:
     # ------------------------------------------------------------ protocol
     def _run(self) -> None:
         buf = bytearray()
+        partial_since = None                                  # when the incomplete packet in buf began
         while not self._stop.is_set():
             timeout = 0.002 if self.faults.noise else 0.05
             if self._late:
@@ -219,11 +236,21 @@ class ServoBusEmulator:
             with self._lock:
                 buf.extend(data)
                 self._now = self.plant.state()
-                for packet in split_packets(buf, self.counters):
-                    try:
-                        self._handle(packet)
-                    except (IndexError, KeyError, ValueError):
-                        self.counters["malformed"] += 1       # a servo ignores what it cannot parse
+                while True:
+                    size = len(buf)
+                    for packet in split_packets(buf, self.counters):
+                        try:
+                            self._handle(packet)
+                        except (IndexError, KeyError, ValueError):
+                            self.counters["malformed"] += 1   # a servo ignores what it cannot parse
+                    if len(buf) < 2:
+                        partial_since = None
+                    elif len(buf) < size or partial_since is None:   # a new packet has begun
+                        partial_since = t_read
+                    if partial_since is None or t_read - partial_since <= PACKET_TIMEOUT_S:
+                        break
+                    drop_header(buf, self.counters)           # its rest never came: look for the next
+                    partial_since = None
                 self._flush_late()
                 if self.faults.noise and not self.link.unplugged:
                     self._out += bytes(self.rng.randrange(0xFE) for _ in range(32))   # never 0xFF: no header
@@ -277,6 +304,11 @@ class ServoBusEmulator:
                 if self._hears(target):
                     self._write(target, params[0], params[1:])
             return
+        if sid == BROADCAST and inst == PING:                 # who is there: each servo answers, in id order
+            for target in sorted(self.servos):
+                if self._hears(target):
+                    self._reply(target, b"")
+            return
         if sid not in self.servos:
             return
         if inst == PING:
@@ -312,17 +344,23 @@ class ServoBusEmulator:
             reg = ct.BY_ADDRESS.get(a)
             if reg is not None and reg.read_only:
                 continue
-            if a < ct.EEPROM_END and locked:
-                continue                                  # EEPROM is write-protected while locked
             s.mem[a] = byte
+        if addr < ct.EEPROM_END and not locked:
+            s.save()                                      # unlocked: kept across a power cycle
         j = self.joint_of[sid]
         touched = range(addr, addr + len(data))
+        goal_written = ct.STS3215["Goal_Position"].address in touched
         if ct.STS3215["Torque_Enable"].address in touched:
-            self.plant.command_torque(j, s.get("Torque_Enable") == 1)
-            if was_on and s.get("Torque_Enable") == 0:
+            on = s.get("Torque_Enable") == 1
+            self.plant.command_torque(j, on)
+            if on and not was_on and not goal_written:     # torque on holds where it is: goal := present
+                s.set("Goal_Position", self._present(sid)["Present_Position"])
+            if was_on and not on:
                 self.torque_dropped_at = self._t_rx
-        if ct.STS3215["Goal_Position"].address in touched:
+        if goal_written:
             self.plant.command_goal(j, self._goal_to_rad(sid, s.get("Goal_Position")))
+        for hook in self.write_hooks:
+            hook()
 
     def _reply(self, sid: int, params: bytes) -> None:
         f = self.faults

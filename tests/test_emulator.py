@@ -12,9 +12,10 @@ import pytest
 
 from soarm import REPO_ROOT, config
 from soarm.calibration.calibration import check_servos, load, ticks_to_rad
-from soarm.robot.bus import FeetechBus
+from soarm.robot.bus import BusError, FeetechBus
 from soarm.robot.emulator import REPLY_BUDGET_S, ServoBusEmulator
-from soarm.robot.sts_protocol import checksum
+from soarm.robot.sts_protocol import checksum, status_packet
+from tests.helpers import wait_until
 from tests.reference.lerobot_calibration import LEROBOT_SO101 as LEROBOT
 
 pytestmark = pytest.mark.bus
@@ -129,6 +130,43 @@ def test_malformed_packets_are_ignored_as_a_servo_does():
             assert bus._ping(1) == 777, (p.hex(), emu.counters)      # still serving
         assert emu._thread.is_alive()
         assert bus.read("Homing_Offset", 1) == 0 and bus.read("Lock", 1) == 1   # nothing written
+
+
+def replies(ser, n: int, within_s: float = 2.0) -> bytes:
+    got = b""
+    end = time.monotonic() + within_s
+    while len(got) < n and time.monotonic() < end:
+        got += ser.read(n - len(got)) or b""
+    return got
+
+
+def test_a_broadcast_ping_is_answered_by_every_servo_in_id_order():
+    with ServoBusEmulator() as emu:
+        bus = FeetechBus(emu.port, IDS)
+        bus.connect()
+        bus.port.ser.write(packet(0xFE, 1))
+        assert replies(bus.port.ser, 36) == b"".join(status_packet(sid, 0) for sid in range(1, 7))
+
+
+def test_stray_header_bytes_and_a_packet_cut_short_cost_at_most_a_few_pings():
+    """Four or more stray 0xFF bytes used to be read as a header and a length, and a packet
+    whose rest never came swallowed the next ~43 pings."""
+    with ServoBusEmulator() as emu:
+        bus = FeetechBus(emu.port, IDS)
+        bus.connect()
+
+        def answers() -> bool:
+            try:
+                return bus._ping(1, tries=1) == 777
+            except BusError:
+                return False
+        bus.port.ser.write(b"\xff" * 6)
+        assert bus._ping(1, tries=3) == 777                   # resynced on the last pair
+        bus.port.ser.write(bytes([0xFF, 0xFF, 1, 200, 3, 42]))   # a WRITE of 200 bytes, cut short
+        t0 = time.monotonic()
+        assert wait_until(answers, timeout=5.0, every=0.0)
+        assert time.monotonic() - t0 < 1.0
+        assert bus.read("Goal_Position", 1) == 0               # the cut packet did nothing
 
 
 def test_the_arm_can_be_assembled_as_a_users_lerobot_file_describes(tmp_path, robot):

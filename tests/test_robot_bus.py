@@ -48,17 +48,32 @@ def test_connect_and_read_present_positions(emu):
     bus.close()
 
 
-def test_homing_offset_and_eeprom_lock(emu):
+def test_eeprom_writes_apply_at_once_and_last_only_when_unlocked(emu):
+    """Feetech's memory table, Lock (address 55): a write to EEPROM takes effect either way;
+    only one made with Lock = 0 is still there after the supply is switched off and on."""
     bus = connect(emu.port)
     raw = emu.raw_position(4)
-    bus.write("Homing_Offset", 4, 100)                       # locked: ignored
-    assert bus.read("Homing_Offset", 4) == 0
+    bus.write("Homing_Offset", 4, 100)                       # locked, as powered up: applies
+    assert bus.read("Homing_Offset", 4) == 100
+    assert bus.read("Present_Position", 4) == (emu.raw_position(4) - 100) % 4096
+    emu.power_cycle()
+    assert bus.read("Homing_Offset", 4) == 0                 # not saved
     bus.write("Lock", 4, 0)
     bus.write("Homing_Offset", 4, -100)
     bus.write("Lock", 4, 1)
-    assert bus.read("Homing_Offset", 4) == -100
+    emu.power_cycle()
+    assert bus.read("Homing_Offset", 4) == -100 and bus.read("Lock", 4) == 1
     assert bus.read("Present_Position", 4) == (emu.raw_position(4) + 100) % 4096
     assert abs(emu.raw_position(4) - raw) < 5                # nothing moved (torque off, at rest)
+
+
+def test_torque_on_holds_where_it_is_and_the_goal_register_says_so(emu):
+    bus = connect(emu.port)
+    held = bus.enable_torque()
+    for sid in IDS.values():
+        assert abs(bus.read("Goal_Position", sid) - held[sid]) <= 2
+    assert bus.read("Overload_Torque", 1) == 80 and bus.read("Protection_Time", 1) == 200   # Feetech's defaults
+    assert bus.torque_off()
 
 
 def test_torque_on_holds_then_follows_goals_within_limits(emu):
