@@ -10,12 +10,13 @@ raw - homing_offset (mod 4096). LeRobot's half-turn homing makes the homing pose
 The mapping is LeRobot's degrees convention (lerobot 0.4-0.6, `MotorsBus._normalize` with
 `MotorNormMode.DEGREES`, what the SO-101 follower uses with `use_degrees`): a joint's zero is
 the middle of its calibrated range, and the full range of the encoder is resolution - 1 ticks:
-    q = sign * (ticks - (range_min + range_max) / 2) * 2 pi / 4095
+    q = (ticks - (range_min + range_max) / 2) * 2 pi / 4095
 The middle of the swept hard stops is a mechanical fact (the published `so101_new_calib` model's
 limits are symmetric about that zero, and so are ours); the operator's homing pose is not.
 The full-turn wrist roll is recorded as 0..4095 by LeRobot, so its zero is the homing pose.
-`drive_mode` 1 flips the direction (LeRobot writes 0 for every SO-101 joint; its degrees mode
-ignores the field, its range modes flip with it).
+`drive_mode` is read and kept but, as in LeRobot's degrees mode, does not flip the mapping
+(LeRobot writes 0 for every SO-101 joint; only its range modes, the gripper's, flip with it;
+our gripper is held in ticks, never mapped).
 """
 
 from __future__ import annotations
@@ -36,14 +37,10 @@ FIELDS = ("id", "drive_mode", "homing_offset", "range_min", "range_max")
 @dataclass(frozen=True)
 class MotorCalibration:
     id: int
-    drive_mode: int          # 0: ticks grow with the joint angle; 1: reversed
+    drive_mode: int          # LeRobot's; flips only its range modes (never the radians here)
     homing_offset: int       # Homing_Offset register value
     range_min: int           # calibrated range, in Present_Position ticks
     range_max: int
-
-    @property
-    def sign(self) -> int:
-        return -1 if self.drive_mode else 1
 
     @property
     def middle(self) -> float:
@@ -52,11 +49,11 @@ class MotorCalibration:
 
 
 def ticks_to_rad(cal: MotorCalibration, ticks: float) -> float:
-    return cal.sign * (ticks - cal.middle) * RAD_PER_TICK
+    return (ticks - cal.middle) * RAD_PER_TICK
 
 
 def rad_to_ticks(cal: MotorCalibration, rad: float) -> int:
-    return round(cal.middle + cal.sign * rad / RAD_PER_TICK)
+    return round(cal.middle + rad / RAD_PER_TICK)
 
 
 def load(path: str | Path, motors: list[str] | None = None) -> dict[str, MotorCalibration]:
@@ -92,12 +89,25 @@ def load(path: str | Path, motors: list[str] | None = None) -> dict[str, MotorCa
     return out
 
 
-def check_home(cal: dict[str, MotorCalibration], joints: list[str], home, where: str = "calibration") -> None:
-    """Each arm joint's calibrated range must contain the task's home pose: otherwise the file
-    belongs to another arm or was written under another joint-zero convention."""
-    for name, q in zip(joints, home):
+# A calibrated range may span this much more than the joint's travel in the robot description
+# (real arms' sweeps: up to ~6 % more). Wider, the sweep crossed the encoder's wrap (the
+# homing pose was far from the middle): the range's middle, the joint's zero, is then wrong.
+RANGE_OVER_TRAVEL = 0.2
+
+
+def check_home(cal: dict[str, MotorCalibration], robot, where: str = "calibration") -> None:
+    """Each arm joint's calibrated range must be no wider than the joint can travel and must
+    contain the task's home pose: otherwise the file belongs to another arm, was written under
+    another joint-zero convention, or its sweep crossed the encoder's wrap."""
+    for name, q in zip(robot.arm_joints, robot.home):
         c = cal[name]
-        lo, hi = sorted((ticks_to_rad(c, c.range_min), ticks_to_rad(c, c.range_max)))
+        joint = robot.joints[robot.index(name)]
+        span, travel = (c.range_max - c.range_min) * RAD_PER_TICK, joint.upper - joint.lower
+        if span > (1 + RANGE_OVER_TRAVEL) * travel:
+            raise ConfigError(f"{where}: '{name}' calibrated range {c.range_min}..{c.range_max} spans "
+                              f"{math.degrees(span):.0f} deg, the joint travels {math.degrees(travel):.0f}: "
+                              "a sweep across the encoder's wrap (homing pose far from the middle?); recalibrate")
+        lo, hi = ticks_to_rad(c, c.range_min), ticks_to_rad(c, c.range_max)
         if not lo <= q <= hi:
             raise ConfigError(f"{where}: '{name}' calibrated range {lo:+.3f}..{hi:+.3f} rad "
                               f"(ticks {c.range_min}..{c.range_max}) does not contain its home angle {q:+.3f} rad; "

@@ -91,7 +91,7 @@ class SafetyLayer:
         from soarm.calibration.calibration import check_home, ticks_to_rad
 
         arm = list(robot.arm_joints)
-        check_home(cal, arm, robot.home)
+        check_home(cal, robot)
         ends = np.array([[ticks_to_rad(cal[n], cal[n].range_min), ticks_to_rad(cal[n], cal[n].range_max)]
                          for n in arm])
         idx = robot.arm_index

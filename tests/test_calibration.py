@@ -22,14 +22,16 @@ def test_lerobot_file_loads_and_saves_unchanged(tmp_path):
 
 
 @pytest.mark.parametrize("drive_mode", [0, 1])
-def test_mapping_both_ways(drive_mode):
+def test_mapping_both_ways_and_degrees_ignore_drive_mode(drive_mode):
+    """LeRobot 0.6.1's MotorsBus._normalize: DEGREES does not flip with drive_mode (only the
+    range modes do, the gripper's); our radians are its degrees."""
     cal = MotorCalibration(1, drive_mode, 0, 900, 3100)
     assert ticks_to_rad(cal, 2000) == 0.0                     # the middle of the calibrated range
     for ticks in (0, 100, 2047, 3000, 4095):
         assert rad_to_ticks(cal, ticks_to_rad(cal, ticks)) == ticks
     for rad in (-1.5, -0.01, 0.0, 0.7):
         assert abs(ticks_to_rad(cal, rad_to_ticks(cal, rad)) - rad) <= 3.1416 / 4095
-    assert (ticks_to_rad(cal, 2100) > 0) == (drive_mode == 0)
+    assert ticks_to_rad(cal, 2100) > 0
 
 
 def lerobot_degrees(entry: dict, ticks: int) -> float:
@@ -80,12 +82,24 @@ def test_a_range_without_the_home_pose_is_refused_naming_the_joint(tmp_path, rob
     src = tmp_path / "so101.json"
     src.write_text(json.dumps(LEROBOT))
     cal = load(src)
-    check_home(cal, list(robot.arm_joints), robot.home)             # a real arm's file passes
+    check_home(cal, robot)                                          # a real arm's file passes
     shifted = dict(cal, wrist_flex=MotorCalibration(4, 0, -1470, 859, 1500))   # home 0.9 rad lies beyond
     with pytest.raises(ConfigError) as e:
-        check_home(shifted, list(robot.arm_joints), robot.home)
+        check_home(shifted, robot)
     msg = str(e.value)
     assert "'wrist_flex'" in msg and "859..1500" in msg and "+0.900" in msg and "\n" not in msg
+
+
+def test_a_range_swept_across_the_encoders_wrap_is_refused(tmp_path, robot):
+    """LeRobot once wrote shoulder_lift 13..4094 for an emulated arm homed off its middle: the
+    range holds the home angle, but spans 359 deg of a joint that travels 200."""
+    src = tmp_path / "so101.json"
+    src.write_text(json.dumps(dict(LEROBOT, shoulder_lift=dict(LEROBOT["shoulder_lift"], range_min=13,
+                                                               range_max=4094))))
+    with pytest.raises(ConfigError) as e:
+        check_home(load(src), robot)
+    msg = str(e.value)
+    assert "'shoulder_lift'" in msg and "13..4094" in msg and "wrap" in msg and "\n" not in msg
 
 
 @pytest.mark.parametrize("text, words", [
