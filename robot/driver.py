@@ -149,6 +149,7 @@ class ReachDriver:
         self._requests: queue.Queue[_Request] = queue.Queue()
         self._stop = threading.Event()
         self._wake = threading.Event()            # a request is waiting: serve it now, not next tick
+        self._cut_park = threading.Event()        # Ctrl-C again while parking on the way out
         self._ready = threading.Event()           # the first connect (and enable_on_start) is done
         self._thread: threading.Thread | None = None
         self.read_failures = 0
@@ -234,14 +235,26 @@ class ReachDriver:
         return idx, pos.astype(np.float32), times
 
     def close(self) -> None:
-        """Stop the bus thread; it turns torque off on its way out."""
+        """Stop the bus thread; it parks the arm and turns torque off on its way out. Ctrl-C
+        while it parks (a second one, after the one that called this) cuts the park short:
+        torque off at once, where the arm is, and no traceback."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.cfg.park_timeout_s + 5)     # it parks the arm first
+            deadline = time.monotonic() + self.cfg.park_timeout_s + 5
+            while self._thread.is_alive() and time.monotonic() < deadline:
+                try:
+                    self._thread.join(timeout=0.1)
+                except KeyboardInterrupt:
+                    self._cut_park.set()
         if self._thread is None or self._thread.is_alive():
             self.loop.shutdown()                # never started, or stuck: torque off from here
         self.bus.close()
+
+    @property
+    def park_cut_short(self) -> bool:
+        """close() was interrupted again while parking: torque went off where the arm was."""
+        return self._cut_park.is_set()
 
     def diagnostics(self) -> dict:
         stats = self.loop.stats.summary()
@@ -302,11 +315,14 @@ class ReachDriver:
         """Shutting down (Ctrl-C, close): park as disable does, ticking here, then torque off."""
         try:
             if self.loop.running and self.state == ENABLED and self._start_parking():
-                while self.state == PARKING:
-                    ticker.wait()
-                    self._tick()
+                while self.state == PARKING and not self._cut_park.is_set():
+                    ticker.wait(self._cut_park)
+                    if ticker.due:
+                        self._tick()
         except Exception as e:  # noqa: BLE001 - whatever it was, the arm ends safe
             self._fault(_internal(e))
+        if self._cut_park.is_set() and self.state == PARKING:
+            self._set(PARKING, "interrupted again: park cut short, torque off where the arm is", "warn")
         self._disable(_Request("shutdown"))
 
     def _serve_requests(self) -> None:

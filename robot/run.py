@@ -2,8 +2,9 @@
 
 Checks every target first, connects, enables (the arm holds where it is), reaches for each
 target in turn for `hold_s` seconds, printing the fingertip error once a second, then parks
-and turns torque off. Ctrl-C at any point parks and turns torque off as `disable` does; a
-fault ends the run with torque off and the reason.
+and turns torque off. Ctrl-C at any point parks and turns torque off as `disable` does (Ctrl-C
+again while it parks: torque off at once, where the arm is); a fault ends the run with torque
+off and the reason.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ def run(cfg: DriverCfg, targets: list[list[float]], hold_s: float,
         report.fault = "interrupted (Ctrl-C); parked, torque off"
     finally:
         driver.close()                          # parks when enabled, then torque off
+    if driver.park_cut_short:
+        report.fault = "interrupted again while parking (Ctrl-C twice): torque off where the arm was"
     return report
 
 
