@@ -33,6 +33,15 @@ class BusError(RuntimeError):
     """The bus or a servo failed; one line naming the port and the servo."""
 
 
+class ImplausibleStatus(BusError):
+    """A status read whose supply voltage or temperature no working servo reports: a garbled
+    reply once, a failing supply or sensor when it comes again."""
+
+    def __init__(self, message: str, status: "ServoStatus"):
+        super().__init__(message)
+        self.status = status
+
+
 @dataclass(frozen=True)
 class ServoStatus:
     error_bits: int
@@ -245,7 +254,8 @@ class FeetechBus:
         """What SYNC_READ hides: load, voltage, temperature and the error bits of one servo,
         in one READ of addresses 60..65, so that a stale reply to a shorter read (the SDK
         cannot tell) fails the length check instead of passing for a fault. An implausible
-        temperature or voltage is a failed read, not a fault."""
+        temperature or voltage is ImplausibleStatus (a BusError): the caller decides whether once
+        is a garbled reply or a fault."""
         first, last = ct.STS3215["Present_Load"], ct.STS3215["Status"]
         n = last.address + last.size - first.address
         out, ok = self._call(self.packets.readTxRx, self.port, sid, first.address, n)
@@ -258,8 +268,10 @@ class FeetechBus:
             return ct.from_bytes(reg, data[reg.address - first.address:])
         status = ServoStatus(at("Status"), at("Present_Temperature"), at("Present_Load"),
                              at("Present_Voltage") / 10.0)
-        if not (0 <= status.temperature <= 120 and 3.0 <= status.voltage <= 16.0):
-            raise BusError(f"{self.port_name}: implausible status from servo {sid} ({self.names[sid]})")
+        (v_lo, v_hi), (t_lo, t_hi) = ct.PLAUSIBLE_VOLTAGE, ct.PLAUSIBLE_TEMPERATURE
+        if not (t_lo <= status.temperature <= t_hi and v_lo <= status.voltage <= v_hi):
+            raise ImplausibleStatus(f"{self.port_name}: servo {sid} ({self.names[sid]}) reports {status.voltage:.1f} V "
+                                    f"and {status.temperature} deg C, which no working servo reports", status)
         return status
 
     # -------------------------------------------------------------- torque

@@ -18,6 +18,11 @@ MODEL_STS3215 = 777
 TICKS = TICKS_PER_REV           # encoder ticks per turn
 MIDDLE = 2047                   # what the homing pose reads after LeRobot's half-turn homing
 
+# What a working STS3215 can report: a supply or temperature reading outside these is a
+# garbled reply, or a failing supply or sensor when it persists.
+PLAUSIBLE_VOLTAGE = (3.0, 16.0)         # V
+PLAUSIBLE_TEMPERATURE = (0, 120)        # deg C
+
 # Status-packet error bits (also the Status register's low bits).
 ERR_VOLTAGE, ERR_ANGLE, ERR_OVERHEAT, ERR_OVERCURRENT, ERR_OVERLOAD = 0x01, 0x02, 0x04, 0x08, 0x20
 

@@ -60,6 +60,8 @@ class FaultCfg:
     corrupt: float = 0.0            # probability of a reply with a wrong checksum
     garbage: float = 0.0            # probability of a SYNC_READ reply with random data, valid checksum
     oversize: float = 0.0           # probability of a READ reply one byte longer than asked, valid checksum
+    spike: float = 0.0              # probability that a position reading is spike_ticks off, valid checksum
+    spike_ticks: int = 180
     noise: bool = False             # bytes on the line all the time and no valid reply (a bad cable)
     error_bits: int = 0             # OR-ed into every status packet (e.g. 0x20 overload)
     silent_ids: tuple[int, ...] = ()
@@ -89,7 +91,8 @@ class ServoBusEmulator:
         self.link = PtyLink()
         self.port = self.link.port
         self.counters = {"packets": 0, "replies": 0, "dropped": 0, "late": 0, "corrupted": 0, "bad_checksum": 0,
-                         "wrong_baud": 0, "malformed": 0, "over_budget": 0, "garbage": 0, "oversize": 0}
+                         "wrong_baud": 0, "malformed": 0, "over_budget": 0, "garbage": 0, "oversize": 0,
+                         "spike": 0}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -332,6 +335,10 @@ class ServoBusEmulator:
             raise ValueError("read past the control table")
         for name, value in self._present(sid).items():
             s.set(name, value)
+        pos = ct.STS3215["Present_Position"].address
+        if self.faults.spike and addr <= pos < addr + n and self.rng.random() < self.faults.spike:
+            s.set("Present_Position", (s.get("Present_Position") + self.faults.spike_ticks) % ct.TICKS)
+            self.counters["spike"] += 1
         return bytes(s.mem[addr:addr + n])
 
     def _write(self, sid: int, addr: int, data: bytes) -> None:

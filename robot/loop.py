@@ -22,14 +22,17 @@ import numpy as np
 from soarm.calibration.calibration import MotorCalibration, check_in_range, check_servos, rad_to_ticks, ticks_to_rad
 from soarm.export.runtime import PolicyError, PolicyRuntime
 from soarm.logs import TickRecord
-from soarm.robot.bus import BusError, FeetechBus
+from soarm.robot.bus import BusError, FeetechBus, ImplausibleStatus
 from soarm.robot.safety import COMMAND, TORQUE_OFF, Decision, SafetyLayer
 from soarm.servo import TICK, TICKS_PER_REV as TICKS
 
-# No SO-101 joint turns faster than this: the STS3215's no-load speed is about 5 rad/s at
-# 7.4 V and 7 at 12 V. A reading further from the last one than it allows is garbage.
+# No SO-101 joint turns faster, or speeds up faster, than this: the STS3215's no-load speed
+# is about 5 rad/s at 7.4 V and 7 at 12 V; its stall torque on its own rotor alone gives
+# ~115 rad/s^2 at 7.4 V and ~185 at 12 V. A reading further from where the last ones put
+# the joint than these allow is garbage.
 MAX_JOINT_SPEED = 10.0             # rad/s
-PLAUSIBLE_SLACK_TICKS = 8          # encoder noise and the read's own timing jitter
+MAX_JOINT_ACCEL = 300.0            # rad/s^2
+PLAUSIBLE_SLACK_TICKS = 16         # encoder noise and the reads' own timing jitter
 PARKED_WITHIN = 0.1                # rad: goal at a move's last pose and every joint this close (gravity sags it)
 
 
@@ -197,10 +200,12 @@ class ControlLoop:
         self.stats = LoopStats()
         self.running = False
         self.reading: dict[int, int] | None = None      # the latest raw encoder ticks per servo id
-        self._accepted: tuple[float, dict[int, int]] | None = None    # (time, ticks) of the last plausible one
+        self._accepted: tuple[float, dict[int, int], dict[int, float]] | None = None   # the last plausible
+        # reading: (time, ticks, ticks/s since the one before)
         self.move: JointMove | None = None              # set: ticks move the arm through poses, no policy
         self.servo_status: dict = {}                     # servo id -> latest polled ServoStatus
         self._polled: dict | None = None                 # polled since the last tick record: for the log
+        self._implausible: set[int] = set()              # servos whose last poll was implausible
 
     # -------------------------------------------------------------- start
     def start(self) -> None:
@@ -208,7 +213,7 @@ class ControlLoop:
         self._check_status()
         check_in_range(self.cal, self.bus.sync_read("Present_Position", tries=3))
         held = self.bus.enable_torque()
-        self._accepted = (time.perf_counter(), dict(held))
+        self._accepted = (time.perf_counter(), dict(held), {})
         # The gripper stays where it was: nothing the user did not ask for moves.
         self.gripper_ticks = held[self.cal[self.gripper].id]
         self.step = PolicyStep(self.rt, self.safety, self.rate, self._to_rad(held))
@@ -271,17 +276,26 @@ class ControlLoop:
         return d.kind
 
     def _check_plausible(self, raw: dict[int, int], now: float) -> None:
-        """A reading with a valid checksum can still be garbage: one that puts a joint further
-        from its last accepted reading than MAX_JOINT_SPEED allows is a failed read (BusError)."""
+        """A reading with a valid checksum can still be garbage: one further from where the
+        last accepted readings put the joint (its position moved on at its speed, capped at
+        MAX_JOINT_SPEED) than MAX_JOINT_ACCEL allows is a failed read (BusError). A one-tick
+        spike of 150-200 ticks passed the speed bound alone."""
         if self._accepted is not None:
-            then, last = self._accepted
-            allowed = MAX_JOINT_SPEED * (now - then) / TICK + PLAUSIBLE_SLACK_TICKS
+            then, last, vel = self._accepted
+            dt = now - then
             for sid, t in raw.items():
-                jump = abs((t - last[sid] + TICKS // 2) % TICKS - TICKS // 2)
-                if jump > allowed:
+                v = float(np.clip(vel.get(sid, 0.0), -MAX_JOINT_SPEED / TICK, MAX_JOINT_SPEED / TICK))
+                off = abs((t - last[sid] - v * dt + TICKS // 2) % TICKS - TICKS // 2)
+                allowed = min(0.5 * MAX_JOINT_ACCEL * dt * dt, 2 * MAX_JOINT_SPEED * dt) / TICK + PLAUSIBLE_SLACK_TICKS
+                if off > allowed:
                     raise BusError(f"{self.bus.port_name}: implausible reading from servo {sid} "
-                                   f"({self.bus.names[sid]}): {jump} ticks in {(now - then) * 1e3:.0f} ms")
-        self._accepted = (now, dict(raw))
+                                   f"({self.bus.names[sid]}): {off:.0f} ticks from where it was heading, "
+                                   f"{dt * 1e3:.0f} ms after the last good one")
+            vel = {sid: ((t - last[sid] + TICKS // 2) % TICKS - TICKS // 2) / dt if dt > 0 else 0.0
+                   for sid, t in raw.items()}
+        else:
+            vel = {}
+        self._accepted = (now, dict(raw), vel)
 
     def _write(self, arm_goal: np.ndarray) -> bool:
         """Send the goal; False when the write failed (counted, the next tick tries again)."""
@@ -302,6 +316,10 @@ class ControlLoop:
                 try:
                     st = self.bus.read_status(sid)
                     break
+                except ImplausibleStatus as e:
+                    if attempt == 2:
+                        raise ValueError(f"enable refused: {e}: a failing supply or sensor; check the "
+                                         "power supply and the servo") from None
                 except BusError:
                     if attempt == 2:
                         raise
@@ -318,8 +336,16 @@ class ControlLoop:
         sid = self.cal[names[k % len(names)]].id
         try:
             st = self.bus.read_status(sid)
+        except ImplausibleStatus as e:    # shown as read; a fault when the next poll says it again
+            self.servo_status[sid] = e.status
+            self._polled = {sid: asdict(e.status)}
+            if sid in self._implausible:
+                self.safety.implausible_status(sid)
+            self._implausible.add(sid)
+            return
         except BusError:
             return                       # a missed poll; the watchdog covers a dead bus
+        self._implausible.discard(sid)
         self.servo_status[sid] = st
         self._polled = {sid: asdict(st)}
         self.safety.status(sid, st.error_bits, st.temperature)

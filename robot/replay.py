@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from soarm.calibration.calibration import MotorCalibration, rad_to_ticks, ticks_to_rad
+from soarm.calibration.calibration import RAD_PER_TICK, MotorCalibration, rad_to_ticks, ticks_to_rad
 from soarm.description import load_robot
 from soarm.export.runtime import PolicyRuntime
 from soarm.logs import LogError, TickRecord, read_bam, read_log
@@ -94,15 +94,18 @@ def plot(report: dict, path: str | Path) -> None:
 
 def import_bam(path: str | Path, joint: str = "elbow_flex") -> tuple[dict, list[TickRecord]]:
     """A BAM bench log (data/real_servo_logs) as an encoder log: its servo on `joint` (its
-    goals as the goals sent), the other arm joints at their middle; identity calibration."""
+    goals as the goals sent), the other arm joints at their middle; a calibration of LeRobot's zero at the encoder's middle."""
     log = read_bam(path)
     robot = load_robot()
     arm = list(robot.arm_joints)
     if joint not in arm:
         raise LogError(path, f"joint {joint!r} is not an arm joint")
     j = arm.index(joint)
-    cal = {n: {"id": i + 1, "drive_mode": 0, "homing_offset": 0, "range_min": 0, "range_max": 4095}
-           for i, n in enumerate(robot.names)}
+    # Each joint's travel and 0.15 rad more, about the encoder's middle (as a full-turn range
+    # 0..4095 would be, which check_home refuses for a joint that cannot turn that far).
+    half = {jt.name: min(2047, math.ceil(((jt.upper - jt.lower) / 2 + 0.15) / RAD_PER_TICK)) for jt in robot.joints}
+    cal = {n: {"id": i + 1, "drive_mode": 0, "homing_offset": 0, "range_min": 2047 - half[n],
+               "range_max": 2048 + half[n]} for i, n in enumerate(robot.names)}
     ticks = []
     for t, pos, goal in zip(log.t, log.measured[:, 0], log.goal[:, 0]):
         q, g = [0.0] * len(arm), [0.0] * len(arm)

@@ -6,13 +6,13 @@ Pure and bus-free (the control loop feeds it and obeys it), so every rule is tes
   clipped its goals to, so a trained policy never meets this clamp) intersected with the
   calibrated range minus a margin (the hard stops, where a servo would stall);
 - the change per tick is capped (a rate limit on the goal);
-- a joint measured faster than the velocity cap makes the arm hold where it is (the goal
-  moving there at the rate limit);
+- a joint measured faster than the velocity cap makes the arm hold its last goal;
 - watchdog: no fresh encoder reading or no fresh policy output for `hold_after` control
   periods of wall-clock time -> hold; for `torque_off_after` periods -> torque off (by the
   clock, so a tick that came late because a read blocked counts for the time it took);
-- an error bit (overload, overheat, voltage) or a temperature above the limit in a polled
-  servo status -> torque off; `estop()` -> torque off.
+- an error bit (voltage, angle sensor, overheat, overcurrent, overload), a temperature above
+  the limit, or a status no working servo reports (read twice running) in a polled servo
+  status -> torque off; `estop()` -> torque off.
 Every rule that fires is counted, and logged as an event.
 """
 
@@ -23,8 +23,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from soarm.robot.control_table import PLAUSIBLE_VOLTAGE
+
 COMMAND, HOLD, TORQUE_OFF = "command", "hold", "torque_off"
-FATAL_BIT_NAMES = {0x01: "input voltage", 0x04: "overheat", 0x20: "overload"}   # Status register bits
+# Status register bits (Feetech's memory table: voltage, angle sensor, temperature, current,
+# angle limit, overload); all but the angle limit (a goal beyond the limits) stop the arm.
+FATAL_BIT_NAMES = {0x01: "input voltage", 0x02: "angle sensor", 0x04: "overheat", 0x08: "overcurrent",
+                   0x20: "overload"}
 FATAL_BITS = sum(FATAL_BIT_NAMES)
 
 
@@ -132,10 +137,9 @@ class SafetyLayer:
             self._fire("non_finite_goal", events)
             return self._record(Decision(HOLD, self.last.copy(), events))
         if velocity is not None and (np.abs(velocity) > self.cfg.max_velocity).any():
-            # Hold where the arm is, approached at the rate limit like any other goal.
+            # Hold the last goal: a fast reading may be a bogus one, and stepping toward it
+            # would act on it.
             self._fire("velocity_cap", events)
-            here = np.clip(np.asarray(measured, dtype=float), self.lower, self.upper)
-            self.last = self.last + np.clip(here - self.last, -self.cfg.max_step, self.cfg.max_step)
             return self._record(Decision(HOLD, self.last.copy(), events))
         if hold:
             return self._record(Decision(HOLD, self.last.copy(), events))
@@ -148,17 +152,23 @@ class SafetyLayer:
         self.last = self.last + step
         return self._record(Decision(COMMAND, self.last.copy(), events))
 
-    def servo_faults(self, error_bits: int, temperature: int) -> list[str]:
+    def servo_faults(self, error_bits: int, temperature: int, voltage: float | None = None) -> list[str]:
         """What makes a servo unfit to drive, by name: the one rule for enable, the polls while
         enabled and the diagnostics."""
         hot = [f"overheating ({temperature} deg C, above safety.max_temperature {self.cfg.max_temperature})"]
-        return fatal_faults(error_bits) + (hot if temperature > self.cfg.max_temperature else [])
+        lo, hi = PLAUSIBLE_VOLTAGE
+        supply = [] if voltage is None or lo <= voltage <= hi else [f"a supply of {voltage:.1f} V"]
+        return fatal_faults(error_bits) + (hot if temperature > self.cfg.max_temperature else []) + supply
 
     def status(self, sid: int, error_bits: int, temperature: int) -> None:
         """A polled servo status; a fault trips the layer (next decision: torque off)."""
         if self.servo_faults(error_bits, temperature):
             bits = error_bits & FATAL_BITS
             self._trip(f"servo_{sid}_error_0x{error_bits:02x}" if bits else f"servo_{sid}_overheat_{temperature}C", [])
+
+    def implausible_status(self, sid: int) -> None:
+        """A servo reported, twice running, a supply or temperature no working servo reports."""
+        self._trip(f"servo_{sid}_implausible_status", [])
 
     def estop(self, reason: str = "estop") -> None:
         self._trip(reason, [])

@@ -21,8 +21,8 @@ def test_limits_are_the_models_within_the_calibrated_stops(robot):
 
     idx = robot.arm_index
     lo, hi = robot.lower[idx], robot.upper[idx]
-    # wrist_roll calibrated as a full turn (far wider than the model); shoulder_pan's stops
-    # 0.01 rad inside the model's limits; drive_mode 1 (reversed ticks) on elbow_flex.
+    # wrist_roll calibrated as a full turn (wider than the model); shoulder_pan's stops 0.01
+    # rad inside the model's limits; drive_mode 1 on elbow_flex (ignored, as LeRobot's degrees).
     cal = {}
     for k, n in enumerate(robot.arm_joints):
         c = MotorCalibration(k + 1, int(n == "elbow_flex"), 0, 0, 4095)
@@ -55,11 +55,12 @@ def test_non_finite_goal_holds_the_last_safe_goal(layer):
     assert d.kind == HOLD and d.goal.tolist() == [0.03, 0.0] and layer.counters["non_finite_goal"] == 1
 
 
-def test_velocity_cap_holds_where_the_arm_is(layer):
+def test_velocity_cap_holds_the_last_goal(layer):
+    """Not where the reading says the arm is: a fast reading may be a bogus one."""
     step(layer, [0.05, 0.0])
     step(layer, [0.1, 0.0])
     d = step(layer, [0.2, 0.0], velocity=(0.0, 7.0))
-    assert d.kind == HOLD and d.goal.tolist() == pytest.approx([0.05, 0.0])    # towards the arm, rate-limited
+    assert d.kind == HOLD and d.goal.tolist() == pytest.approx([0.1, 0.0])
     assert layer.counters["velocity_cap"] == 1
 
 
@@ -93,7 +94,8 @@ def test_fresh_data_resets_the_watchdog(layer):
 
 
 @pytest.mark.parametrize("bits, temp, trips", [(0x20, 30, True), (0x04, 30, True), (0x01, 30, True),
-                                               (0x00, 80, True), (0x00, 40, False), (0x02, 40, False)])
+                                               (0x08, 30, True), (0x02, 30, True), (0x00, 80, True),
+                                               (0x00, 40, False), (0x10, 40, False)])   # 0x10: a goal past a limit
 def test_servo_status_faults(layer, bits, temp, trips):
     layer.status(3, bits, temp)
     assert (step(layer, [0.0, 0.0]).kind == TORQUE_OFF) == trips

@@ -276,7 +276,7 @@ class ReachNode(LifecycleNode):
         out = [status]
         names = {c.id: n for n, c in driver.cal.items()}
         for sid, s in sorted(d["servos"].items()):
-            faults = driver.safety.servo_faults(s["error_bits"], s["temperature_c"])
+            faults = driver.safety.servo_faults(s["error_bits"], s["temperature_c"], s["voltage_v"])
             out.append(DiagnosticStatus(
                 name=f"so_arm_policy: servo {sid} ({names.get(sid, '?')})", hardware_id=driver.cfg.port,
                 level=DiagnosticStatus.ERROR if faults else DiagnosticStatus.OK,
