@@ -45,6 +45,7 @@ from soarm.robot.safety import TORQUE_OFF, SafetyCfg, SafetyLayer
 
 DISABLED, ENABLED, PARKING, FAULT = "disabled", "enabled", "parking", "fault"
 HOME_SPEED = 0.6                           # rad/s of move_to when park_speed is 0 (no parking)
+RECONNECT_S = 1.0                          # s between reconnect tries while disabled with the bus gone
 
 
 @dataclass
@@ -150,9 +151,12 @@ class ReachDriver:
         self._stop = threading.Event()
         self._wake = threading.Event()            # a request is waiting: serve it now, not next tick
         self._cut_park = threading.Event()        # Ctrl-C again while parking on the way out
+        self._finished = threading.Event()        # the bus thread has turned torque off and ended
         self._ready = threading.Event()           # the first connect (and enable_on_start) is done
         self._thread: threading.Thread | None = None
         self.read_failures = 0
+        self._failed_reads = 0                    # in a row, while disabled
+        self._next_reconnect = 0.0                # monotonic: the next reconnect try with the bus gone
         self._last_sample: tuple[float, list[float]] | None = None     # (time, positions) last published
         self.estop_latency_ms: float | None = None
 
@@ -240,14 +244,17 @@ class ReachDriver:
         torque off at once, where the arm is, and no traceback."""
         self._stop.set()
         self._wake.set()
+        # Waited on an event the bus thread sets last, not join(): a join that Ctrl-C interrupts
+        # can mark the thread stopped while it still runs (CPython 3.11), and the port would
+        # then be closed under it mid-park.
         if self._thread is not None:
             deadline = time.monotonic() + self.cfg.park_timeout_s + 5
-            while self._thread.is_alive() and time.monotonic() < deadline:
+            while not self._finished.is_set() and time.monotonic() < deadline:
                 try:
-                    self._thread.join(timeout=0.1)
+                    self._finished.wait(0.1)
                 except KeyboardInterrupt:
                     self._cut_park.set()
-        if self._thread is None or self._thread.is_alive():
+        if not self._finished.is_set():
             self.loop.shutdown()                # never started, or stuck: torque off from here
         self.bus.close()
 
@@ -309,7 +316,10 @@ class ReachDriver:
             overran = ticker.wait(self._wake)
             if self.loop.running:
                 self.loop.stats.overruns += overran
-        self._park_then_disable(ticker)
+        try:
+            self._park_then_disable(ticker)
+        finally:
+            self._finished.set()
 
     def _park_then_disable(self, ticker: Ticker) -> None:
         """Shutting down (Ctrl-C, close): park as disable does, ticking here, then torque off."""
@@ -337,9 +347,11 @@ class ReachDriver:
             finally:
                 r.done.set()                      # the caller never waits out its timeout
 
-    def _connect(self) -> bool:
-        """Open the port afresh and check the servos: at start, and on enable after a fault (a
-        replugged adapter or a restarted emulator is a new device behind the same path)."""
+    def _connect(self, quiet: bool = False) -> bool:
+        """Open the port afresh and check the servos: at start, on enable after a fault (a
+        replugged adapter or a restarted emulator is a new device behind the same path), and
+        every RECONNECT_S while disabled with the bus gone (`quiet`: a failure keeps the
+        fault's reason as it is)."""
         again = self.connections > 0
         try:
             self.bus.close()
@@ -347,7 +359,8 @@ class ReachDriver:
             calibration.check_servos(self.bus, self.cal)
         except (BusError, ValueError) as e:
             self.connected = False
-            self._set(FAULT, str(e), "error")
+            if not quiet:
+                self._set(FAULT, str(e), "error")
             return False
         self.connected = True
         self.connections += 1
@@ -444,15 +457,26 @@ class ReachDriver:
             self._set(DISABLED, f"{how}; torque off")
 
     def _read(self) -> None:
+        """Disabled: read the joints for joint_states. A second of failed reads is a lost bus
+        (an adapter pulled or replugged): a fault until a reconnect, tried every RECONNECT_S,
+        finds the servos again, so the first enable after a replug works."""
+        now = time.monotonic()
         if not self.connected:
+            if now >= self._next_reconnect:
+                self._next_reconnect = now + RECONNECT_S
+                self._connect(quiet=True)
             return
         try:
             raw = self.bus.sync_read("Present_Position")
         except BusError as e:
             self.read_failures += 1
-            if self.read_failures % int(10 * self.rate) == 1:     # every 10 s: a dead bus stays dead
-                self._emit("warn", str(e))
+            self._failed_reads += 1
+            if self._failed_reads >= self.rate:
+                self.connected, self._next_reconnect = False, now + RECONNECT_S
+                if self.state != FAULT:
+                    self._set(FAULT, f"the bus is gone ({e}); reconnecting every {RECONNECT_S:g} s", "error")
             return
+        self._failed_reads = 0
         self._publish(raw)
 
     def _publish(self, raw: dict[int, int] | None) -> None:

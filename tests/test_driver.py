@@ -93,6 +93,35 @@ def test_enable_after_the_bus_was_lost_reopens_the_port(tmp_path, tiny_policy):
         emu.stop()
 
 
+def test_a_replug_while_disabled_is_a_fault_until_it_reconnects_by_itself(tmp_path, tiny_policy):
+    """Disabled, the adapter pulled and plugged back: the driver used to stay 'ok' with no
+    joint states, and the first enable failed. Now a lost bus is a fault, reconnects are
+    tried every second, joint states come back and the first enable works."""
+    link, cal = tmp_path / "so101", tmp_path / "cal.json"
+    args = ("--no-compile", "--link", str(link))
+    emu = EmulatorProcess(cal, seed=3, args=args)
+    samples = []
+    driver = ReachDriver(DriverCfg(port=str(link), policy=str(tiny_policy), calibration=str(cal)))
+    driver.on_state = samples.append
+    driver.start()
+    try:
+        assert wait(lambda: driver.state == DISABLED and len(samples) > 5, 30), driver.reason
+        emu.kill()
+        assert wait(lambda: driver.state == FAULT, 10), driver.reason
+        assert "the bus is gone" in driver.reason and not driver.diagnostics()["connected"]
+        emu = EmulatorProcess(cal, seed=3, args=args, calibrate=False)
+        assert wait(lambda: driver.state == DISABLED, 15), driver.reason
+        assert "reconnected" in driver.reason
+        n = len(samples)
+        assert wait(lambda: len(samples) > n + 5, 10)                     # joint states again
+        ok, msg = driver.enable()
+        assert ok and driver.state == ENABLED, msg                        # the first enable works
+        assert driver.disable()[0]
+    finally:
+        driver.close()
+        emu.stop()
+
+
 def test_enable_with_a_joint_outside_its_calibrated_range_refuses_and_moves_nothing(emulated, tiny_policy, tmp_path):
     """A slumped shoulder resting below a calibration's range_min: with torque on, the servo
     would clamp Goal := Present to its limit register and drive the joint there."""
@@ -282,7 +311,7 @@ def test_ctrl_c_again_while_parking_turns_torque_off_at_once_without_a_traceback
         assert any("Ctrl-C twice" in line for line in seen), seen
         bus = FeetechBus(str(link), {f"j{sid}": sid for sid in range(1, 7)})
         bus.connect()
-        assert all(bus.read("Torque_Enable", sid) == 0 for sid in range(1, 7))
+        assert all(bus.read("Torque_Enable", sid) == 0 for sid in range(1, 7)), (seen, err)
         bus.close()
     finally:
         if proc.poll() is None:
