@@ -45,7 +45,13 @@ from soarm.robot.emulator_physics import PlantProcess
 from soarm.robot.pty_link import PtyLink
 from soarm.robot.sts_protocol import (ACTION, BAUD_RATES, BROADCAST, PING, READ, REG_WRITE, SYNC_READ, SYNC_WRITE,
                                       PACKET_TIMEOUT_S, WRITE, Servo, drop_header, split_packets, status_packet)
-from soarm.servo import TICK
+from soarm.servo import TICK, ServoRegisters
+
+# Registers that reach the servo model (ServoRegisters' fields). Torque_Limit is the one in
+# force (Feetech: set from Max_Torque_Limit at power-on). Protection_Current, Overload_Torque
+# and Protection_Time (the firmware's overload cut-out) are stored, not modelled.
+PHYSICS_REGISTERS = {"P_Coefficient": "p", "D_Coefficient": "d", "I_Coefficient": "i",
+                     "Acceleration": "acceleration", "Torque_Limit": "torque_limit"}
 
 # Longest time from reading a packet to writing its reply: well inside the SDK's own
 # timeout (2 x 16 ms latency timer + 2 ms + the bytes' time, about 34 ms at 1 Mbaud).
@@ -134,6 +140,7 @@ class ServoBusEmulator:
             for sid, s in self.servos.items():
                 s.power_cycle()
                 self.plant.command_torque(self.joint_of[sid], False)
+                self._command_registers(sid)
 
     # ------------------------------------------------------------ state
     def assemble_as(self, cal: dict) -> None:
@@ -366,8 +373,16 @@ class ServoBusEmulator:
                 self.torque_dropped_at = self._t_rx
         if goal_written:
             self.plant.command_goal(j, self._goal_to_rad(sid, s.get("Goal_Position")))
+        if any(ct.STS3215[name].address in touched for name in PHYSICS_REGISTERS):
+            self._command_registers(sid)
         for hook in self.write_hooks:
             hook()
+
+    def _command_registers(self, sid: int) -> None:
+        """The servo's control registers, as written, into its joint's physics."""
+        s = self.servos[sid]
+        self.plant.command_registers(self.joint_of[sid], ServoRegisters(
+            **{field: s.get(name) for name, field in PHYSICS_REGISTERS.items()}))
 
     def _reply(self, sid: int, params: bytes) -> None:
         f = self.faults

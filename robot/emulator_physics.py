@@ -17,10 +17,14 @@ the physics.
     plant = PlantProcess(robot, q0=None)      # None: the pose the unpowered arm settles in
     PlantProcess(robot, arm=ArmParams.random(seed, robot, servo))   # an arm unlike the nominal one
     plant.command_goal(j, rad); plant.command_torque(j, True); plant.place(q)
+    plant.command_registers(j, ServoRegisters(p=16, d=32, i=0, acceleration=254, torque_limit=1000))
     plant.state().q ...; plant.close()
 
+The registers a host writes to each servo (P, D, I, Acceleration, Torque_Limit) drive our
+plant's servo model joint by joint; the MJCF's actuators are its own and ignore them.
+
 Shared memory layout (float64): state = [seq, time_s, lag_s, q[J], qd[J]];
-commands = [place_seq, goal[J], torque[J], place_q[J]].
+commands = [place_seq, goal[J], torque[J], place_q[J], registers[REGISTERS][J]].
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ MAX_BEHIND_S = 0.05          # s: a larger backlog of a slow plant is dropped (t
 CATCH_UP_S = 0.3             # s: the longest stall a plant running twice real time replays
 START_TIMEOUT_S = 300.0      # torch import, first rest-pose settle (cached after), compile
 PLANTS = ("armsim", "mujoco")
+REGISTERS = ("p", "d", "i", "acceleration", "torque_limit")     # ServoRegisters' per-joint fields
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,7 @@ class PlantProcess:
         ctx.set_forkserver_preload(["torch", "soarm.plant", "soarm.mujoco_arm", "soarm.robot.emulator_physics"])
         J = self.J = len(robot.joints)
         self._state = ctx.RawArray("d", 3 + 2 * J)
-        self._cmd = ctx.RawArray("d", 1 + 3 * J)
+        self._cmd = ctx.RawArray("d", 1 + (3 + len(REGISTERS)) * J)
         self._lock = ctx.Lock()
         self._stop = ctx.Event()
         ready = ctx.Event()
@@ -114,6 +119,12 @@ class PlantProcess:
     def command_torque(self, joint: int, on: bool) -> None:
         with self._lock:
             self._c()[1 + self.J + joint] = 1.0 if on else 0.0
+
+    def command_registers(self, joint: int, registers) -> None:
+        """One servo's control registers (a ServoRegisters), as its host wrote them."""
+        with self._lock:
+            regs = self._c()[1 + 3 * self.J:].reshape(len(REGISTERS), self.J)
+            regs[:, joint] = [getattr(registers, name) for name in REGISTERS]
 
     def place(self, q: list[float]) -> None:
         """Put the arm at q (rad), at rest; the published state says so at once."""
@@ -186,9 +197,13 @@ def _serve(robot, q0, compile, kind, arm, state_arr, cmd_arr, lock, stop, ready)
         s[3:3 + J] = plant.q[0]
         s[3 + J:3 + 2 * J] = plant.qd[0]
 
+    regs = c[1 + 3 * J:].reshape(len(REGISTERS), J)
     with lock:
         publish()
         c[1:1 + J] = s[3:3 + J]
+        if kind == "armsim":
+            regs[:] = [[getattr(plant.sim.registers, name)] * J for name in REGISTERS]
+    registers_seen = regs.copy()
     ready.set()
     t0, last_warn, last_alive = time.monotonic(), -1e9, time.monotonic()
     cost = dt                                                # s of wall time per step, smoothed
@@ -213,6 +228,12 @@ def _serve(robot, q0, compile, kind, arm, state_arr, cmd_arr, lock, stop, ready)
         if cmd[0] != place_seen:
             place_seen = cmd[0]
             plant.reset(cmd[None, 1 + 2 * J:1 + 3 * J])
+        written = cmd[1 + 3 * J:].reshape(len(REGISTERS), J)
+        if kind == "armsim" and (written != registers_seen).any():
+            registers_seen = written.copy()
+            plant.sim.registers = dataclasses.replace(
+                plant.sim.registers, **{name: torch.tensor(row, dtype=plant.sim.q.dtype)[None]
+                                        for name, row in zip(REGISTERS, written)})
         # CPU time, not wall time: a stall that lands inside a step (SIGSTOP, a quota's throttle)
         # is not the physics' cost, and counted as such it made the plant drop that very stall.
         t_step = time.thread_time()

@@ -98,7 +98,9 @@ class Datasheets:
 
 @dataclass
 class ServoRegisters:
-    """What the host writes to the servo's control table (LeRobot's SO-101 defaults)."""
+    """What the host writes to the servo's control table (LeRobot's SO-101 defaults). ArmSim
+    takes one value for every servo, or (the emulator, whose host writes each servo's) a
+    tensor per register for p, d, i, acceleration and torque_limit."""
     p: int = 16
     d: int = 32
     i: int = 0
@@ -151,14 +153,13 @@ def servo_torque(state: ServoState, goal: torch.Tensor, q_meas: torch.Tensor, qd
     overrides the supply (a recorded voltage, or a randomized one).
     """
     vmax = p.max_velocity if reg.goal_speed == 0 else min(p.max_velocity, reg.goal_speed * TICK)
-    # Speed/acceleration profile of the internal target (trapezoidal, no overshoot).
+    # Speed/acceleration profile of the internal target (trapezoidal, no overshoot); the
+    # registers may be per joint (tensors, the emulator's servos) or one value for all.
     to_go = goal - state.target
-    if reg.acceleration > 0:
-        acc = reg.acceleration * ACCEL_UNIT
-        v_want = torch.sign(to_go) * torch.clamp(torch.sqrt(2.0 * acc * to_go.abs()), max=vmax)
-        v = state.target_vel + torch.clamp(v_want - state.target_vel, -acc * dt, acc * dt)
-    else:
-        v = torch.sign(to_go) * vmax
+    acc = reg.acceleration * ACCEL_UNIT
+    v_want = torch.sign(to_go) * torch.clamp(torch.sqrt(2.0 * acc * to_go.abs()), max=vmax)
+    ramped = state.target_vel + torch.clamp(v_want - state.target_vel, -acc * dt, acc * dt)
+    v = torch.where(torch.as_tensor(acc > 0), ramped, torch.sign(to_go) * vmax)    # 0: no ramp
     step = v * dt
     step = torch.where(step.abs() >= to_go.abs(), to_go, step)
     state.target = state.target + step
@@ -166,7 +167,7 @@ def servo_torque(state: ServoState, goal: torch.Tensor, q_meas: torch.Tensor, qd
 
     err = quantize(state.target) - q_meas
     err = torch.where(err.abs() <= p.deadband_ticks * TICK + 1e-9, torch.zeros_like(err), err)
-    state.integral = state.integral + err * dt if reg.i else state.integral
+    state.integral = state.integral + err * dt         # acts only with I > 0; reset at torque on
     duty = p.error_gain * gain_scale * (reg.p * err + reg.i * state.integral) - p.d_gain * reg.d * qd
     lim = p.max_pwm * reg.torque_limit / 1000.0
     duty = torch.clamp(duty, -lim, lim)

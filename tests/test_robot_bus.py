@@ -76,6 +76,29 @@ def test_torque_on_holds_where_it_is_and_the_goal_register_says_so(emu):
     assert bus.torque_off()
 
 
+def test_the_registers_a_host_writes_drive_that_servos_physics(emu):
+    """P, Torque_Limit and Acceleration as written reach the servo model, joint by joint:
+    the plant used to run on the YAML's values whatever was written."""
+    bus = connect(emu.port)
+    held = bus.enable_torque()
+    bus.write("Torque_Limit", 1, 0)                           # the pan: no torque at all
+    bus.write("P_Coefficient", 5, 0)                          # the wrist roll: no position gain
+    bus.sync_write("Goal_Position", {1: held[1] + 300, 5: held[5] + 300, 4: held[4] + 300})
+    assert emu.wait(1.0)
+    now = bus.sync_read("Present_Position")
+    assert abs(now[1] - held[1]) < 10 and abs(now[5] - held[5]) < 10, (held, now)   # neither moved
+    assert abs(now[4] - (held[4] + 300)) < 40, (held, now)                         # an untouched one did
+    bus.write("Torque_Limit", 1, 1000)
+    assert emu.wait(1.0)                                      # there at once: its profile ran meanwhile
+    start = bus.read("Present_Position", 1)
+    assert abs(start - (held[1] + 300)) < 40
+    bus.write("Acceleration", 1, 1)                           # 100 ticks/s^2: 300 ticks back take ~3.5 s
+    bus.write("Goal_Position", 1, held[1])
+    assert emu.wait(1.0)
+    assert 10 < start - bus.read("Present_Position", 1) < 150
+    assert bus.torque_off()
+
+
 def test_torque_on_holds_then_follows_goals_within_limits(emu):
     bus = connect(emu.port)
     held = bus.enable_torque()
