@@ -28,6 +28,7 @@ Services   enable, disable, estop, home, park (std_srvs/Trigger); the lifecycle 
 
 from __future__ import annotations
 
+import sys
 import time
 
 import rclpy
@@ -52,6 +53,7 @@ from soarm.robot.urdf_visual import robot_description
 SUCCESS, FAILURE, ERROR = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE, \
     TransitionCallbackReturn.ERROR
 CONNECT_TIMEOUT_S = 15.0        # configure waits this long for the bus thread's first verdict
+SWITCH_INTERVAL_S = 0.0005       # s; the GIL handed on this often (Python's default: 0.005)
 
 
 class ReachNode(LifecycleNode):
@@ -293,6 +295,10 @@ class ReachNode(LifecycleNode):
 
 
 def main(args=None) -> None:
+    # The bus thread waits on the serial port many times a tick and must take the GIL back
+    # after each wait; with the executor threads busy (a flood of target messages) every
+    # take-back waited out the default 5 ms switch interval (docs/robot.md).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     rclpy.init(args=args)
     node = ReachNode()
     executor = MultiThreadedExecutor(num_threads=3)
