@@ -36,8 +36,8 @@ def register(sub) -> None:
     p.add_argument("--log-dir", type=Path, default=None, help="where the MCAP encoder log goes (runs/excite)")
     p.set_defaults(fn=_excite)
 
-    p = sub.add_parser("sysid", help="identify the arm (gain, friction, armature, dead-band, mass, backlash, "
-                                     "latency) for training")
+    p = sub.add_parser("sysid", help="identify the arm (gain, friction, stiction, armature, dead-band, mass, "
+                                     "backlash, latency) for training")
     p.add_argument("logs", nargs="*", type=Path, help="logs to fit (none: --port/--calibration run `soarm excite` "
                                                       "first and fit its log)")
     excitation_flags(p, needed=False)

@@ -8,10 +8,10 @@ compared with the logged ones at the logged times.
 
 The search is the one of identification (calibration/search.py), one group per joint in the
 same batch: a joint's parameters (soarm.arm_params.JOINT_FIELDS: loop gain, Coulomb, viscous and
-load-dependent friction, armature, dead-band, link mass, backlash) are ranked by that joint's
-own tracking error over every window (the one where it moves, and the ones where it is held
-against the others' motion), which keeps five 8-parameter searches instead of one
-40-parameter one; a link's mass, which loads every joint before it, is ranked by their summed
+load-dependent friction, armature, dead-band, link mass, backlash, stiction) are ranked by that
+joint's own tracking error over every window (the one where it moves, and the ones where it is
+held against the others' motion), which keeps five 9-parameter searches instead of one
+45-parameter one; a link's mass, which loads every joint before it, is ranked by their summed
 error. The latency, one for the arm, is scanned in whole control ticks before, midway and
 after. `SysidCfg.fitted` names what is searched; the rest stays at the servo model's values.
 
@@ -81,6 +81,7 @@ class SysidCfg:
     deadband: tuple[float, float] = (0.0, 4.0)
     mass_scale: tuple[float, float] = (0.5, 2.0)
     backlash: tuple[float, float] = (0.0, 0.0524)           # rad (3 deg)
+    stiction: tuple[float, float] = (0.0, 1.0)              # N m
     fitted: tuple[str, ...] = PARAMS   # searched; the others stay at the servo model's values
 
     def validate(self) -> None:
@@ -161,11 +162,12 @@ class SysidResult:
     by_log: dict = field(default_factory=dict)    # {"held_out" | "nominal": {motion: {joint: RMS mrad}}}
 
     def table(self) -> list[str]:
-        """Multipliers as x the servo model's, the dead-band in ticks, the play in degrees."""
+        """Multipliers as x the servo model's, the dead-band in ticks, the play in degrees, the
+        stiction in N m."""
         nominal = dict(zip(PARAMS, nominal_values(self.servo).tolist()))
         shown = lambda n, v: math.degrees(v) if n == "backlash" else (          # noqa: E731
             v / nominal[n] if JOINT_FIELDS[n].multiplier else v)
-        heads = ("gain", "coul", "visc", "load", "armat", "dead", "mass", "play°")    # PARAMS' order
+        heads = ("gain", "coul", "visc", "load", "armat", "dead", "mass", "play°", "stic")    # PARAMS' order
         lines = [f"{'joint':14s} " + " ".join(f"{h:>5s}" for h in heads) +
                  f"  {'RMS mrad: windows nominal':>25s} {'fit':>6s}  {'held out: nominal':>17s} {'fit':>6s}"]
         shown_rms = lambda x: "-" if x is None else f"{x:.2f}"    # noqa: E731
@@ -223,7 +225,7 @@ def play_windows(w: Windows, cand: Candidates, robot: RobotDescription, servo: S
     plant.reset(full, goal=held, qd=qd)
     ph = sim.physics
     _, bias = sim.dyn.mass_and_bias(sim.q, sim.qd, ph.mass_scale, None)
-    sim.slack = ph.backlash / 2 * torch.where(bias.abs() > ph.coulomb, torch.sign(bias), side)
+    sim.slack = ph.backlash / 2 * torch.where(bias.abs() > ph.coulomb + ph.stiction, torch.sign(bias), side)
 
     def goal(step: int) -> torch.Tensor:
         held[:, arm] = w.goals[s_of, step]

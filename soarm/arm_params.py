@@ -51,6 +51,7 @@ JOINT_FIELDS: dict[str, JointField] = {
     "deadband": JointField("encoder ticks of error the firmware ignores", lambda s: s.deadband_ticks, False),
     "mass_scale": JointField("x the link's mass and inertia", lambda s: 1.0, True),
     "backlash": JointField("rad of gearbox play", lambda s: 0.0, False),
+    "stiction": JointField("N m of friction a joint at rest holds beyond the moving one's", lambda s: 0.0, False),
 }
 POSITIVE = ("gain_scale", "armature", "mass_scale")
 
@@ -66,6 +67,7 @@ class JointParams:
     deadband: float | None = None
     mass_scale: float | None = None
     backlash: float | None = None
+    stiction: float | None = None
 
     def validate(self) -> None:
         for name in JOINT_FIELDS:

@@ -444,7 +444,7 @@ def draw_physics(gen: torch.Generator, cfg: RandomizationCfg, servo: ServoParams
     per_arm = lambda x: x.expand(n, J)                                # noqa: E731
     base = centre or {"gain_scale": 1.0, "coulomb": servo.friction_coulomb, "viscous": servo.friction_viscous,
                       "mass_scale": 1.0, "friction_load": servo.friction_load, "armature": servo.armature,
-                      "deadband": servo.deadband_ticks}
+                      "deadband": servo.deadband_ticks, "stiction": 0.0}
     fixed = lambda name: torch.as_tensor(base[name], device=device, dtype=dtype).expand(n, J).clone()  # noqa: E731
     drawn = {"gain_scale": base["gain_scale"] * log_uniform(gen, (n, J), cfg.gain_scale, device, dtype),
              "coulomb": base["coulomb"] * rnd(cfg.friction_scale),
@@ -454,7 +454,8 @@ def draw_physics(gen: torch.Generator, cfg: RandomizationCfg, servo: ServoParams
              "backlash": rnd(tuple(math.radians(b) for b in cfg.backlash_deg)),
              "payload": uniform(gen, (n, 1), cfg.payload_kg, device, dtype),
              # Not randomized, but drawn as the servo model's so that an identified arm can move them.
-             "friction_load": fixed("friction_load"), "armature": fixed("armature"), "deadband": fixed("deadband")}
+             "friction_load": fixed("friction_load"), "armature": fixed("armature"), "deadband": fixed("deadband"),
+             "stiction": fixed("stiction")}
     if centre is not None:
         mid = math.radians(sum(cfg.backlash_deg) / 2)
         drawn["backlash"] = torch.clamp(drawn["backlash"] + centre["backlash"] - mid, min=0.0)

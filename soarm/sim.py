@@ -23,6 +23,7 @@ class Physics:
     mass_scale: torch.Tensor        # link mass (and inertia) multiplier
     gain_scale: torch.Tensor        # firmware loop gain multiplier (unit-to-unit spread)
     coulomb: torch.Tensor           # N m
+    stiction: torch.Tensor          # N m more a joint at rest holds (static above kinetic friction)
     viscous: torch.Tensor           # N m s / rad
     friction_load: torch.Tensor     # extra Coulomb friction per N m of motor torque
     armature: torch.Tensor          # kg m^2, reflected rotor inertia
@@ -80,7 +81,7 @@ class ArmSim:
         ones = torch.ones(num_envs, J, **kw)
         zeros = torch.zeros_like(ones)
         self.physics = Physics(mass_scale=ones.clone(), gain_scale=ones.clone(),
-                               coulomb=ones * servo.friction_coulomb, viscous=ones * servo.friction_viscous,
+                               coulomb=ones * servo.friction_coulomb, stiction=zeros.clone(), viscous=ones * servo.friction_viscous,
                                friction_load=ones * servo.friction_load, armature=ones * servo.armature,
                                deadband=ones * servo.deadband_ticks,
                                encoder_offset=zeros.clone(), backlash=ones * backlash,
@@ -153,6 +154,9 @@ class ArmSim:
                                      friction_load=ph.friction_load, deadband_ticks=ph.deadband)
         tau, coulomb = servo_torque(self.firmware, self.goal, self.measured(), self.qd, params,
                                     self.registers, self.dt, gain_scale=ph.gain_scale, enabled=self.enabled)
+        # Static friction: a joint that ended the last step stuck (integrate leaves it at exactly 0)
+        # must be pushed past its kinetic friction plus the stiction to move again.
+        coulomb = coulomb + torch.where(self.qd == 0, ph.stiction, 0.0)
         stiffness = torch.zeros_like(tau)          # the drives' implicit part, as diagonal inertia
         if self.pd_drives:
             pd_tau, pd_stiffness = implicit_pd(self.goal, self.q, self.qd, ph, self.dt, self.enabled)

@@ -295,9 +295,9 @@ def test_sysid_refuses_a_parameter_it_does_not_know_before_it_moves(tmp_path, ca
     from soarm import cli
 
     rc = cli.main(["sysid", "--port", str(tmp_path / "ttyACM5"), "--calibration", str(tmp_path / "c.json"),
-                   "--fitted", "gain_scale", "stiction"])
+                   "--fitted", "gain_scale", "cogging"])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and "\n" not in err and "unknown parameter stiction" in err, err
+    assert rc == 2 and "\n" not in err and "unknown parameter cogging" in err, err
 
 
 @pytest.mark.slow

@@ -253,3 +253,24 @@ def test_a_perturbation_row_acts_on_top_of_the_tasks_model_of_the_arm():
     assert torch.all(play.backlash >= math.radians(1.0) - 1e-9) and float(play.gain_scale[0, 1]) == 1.5
     bare = PLANTS["servo_model"].build(ctx, 2, gen).sim.physics
     assert torch.all(bare.gain_scale == 1.0) and torch.all(bare.backlash == 0.0)
+
+
+def test_stiction_holds_a_joint_at_rest_and_not_a_moving_one(robot):
+    """Static above kinetic friction (ArmParams `stiction`): the lift, torque off, stays where
+    it was let go while gravity stays under its static friction; the same friction does not
+    brake a joint that is already moving."""
+    from soarm import CONFIG_DIR, config
+    from soarm.servo import ServoConfig
+    from soarm.sim import ArmSim
+
+    servo = config.load(ServoConfig, CONFIG_DIR / "servo" / "sts3215_7v4.yaml")
+    sim = ArmSim(robot, servo.params, servo.registers, 3, 0.0056)
+    q0 = full_pose(sim.dyn, torch.as_tensor(robot.home, dtype=torch.float32)[None]).expand(3, -1)
+    sim.reset(torch.ones(3, dtype=torch.bool), q0)
+    sim.physics.stiction[1:, 1] = 5.0                     # env 0: none; 1 and 2: more than gravity
+    sim.qd[2, 1] = -0.5                                   # env 2: already moving
+    sim.enabled[:] = False
+    with torch.no_grad():
+        sim.step(sim.goal, 20)
+    moved = (sim.q[:, 1] - q0[:, 1]).abs()
+    assert moved[0] > 1e-3 and moved[1] == 0 and moved[2] > 1e-3
