@@ -189,9 +189,8 @@ class ServoBusEmulator:
     def settle(self, within_s: float = 30.0, still: float = 1e-3) -> bool:
         """Until the arm has stayed still (every joint slower than `still` rad/s at both ends of
         0.1 s of simulated time, and moved less than that allows between them): a let-go arm
-        has fallen to rest (on the arm identified on SAGE's logs, whose gearboxes hold hard, the
-        lift takes ~13 s from the middle pose). At most within_s simulated seconds; False if it
-        had not by then.
+        has fallen to rest (an arm whose gearboxes hold hard, as SAGE's real one, can creep for
+        seconds). At most within_s simulated seconds; False if it had not by then.
         One look is not enough: an arm just placed reads at rest until the physics steps it
         (on a busy machine, tens of milliseconds), and then falls."""
         before = self.plant.state()

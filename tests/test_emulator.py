@@ -84,7 +84,14 @@ def test_an_arm_let_go_has_settled_only_once_it_has_fallen(robot):
     torque mid-fall."""
     import threading
 
-    with ServoBusEmulator() as emu:
+    from soarm import CONFIG_DIR, config
+    from soarm.arm_params import ArmParams
+    from soarm.reach import ReachCfg
+
+    # The servo model's arm: it falls from the middle pose (the default, SAGE's real arm,
+    # holds there by static friction: its lift sinks 0.03 rad).
+    servo_model = ArmParams(servo=config.load(ReachCfg, CONFIG_DIR / "task" / "reach.yaml").servo)
+    with ServoBusEmulator(arm=servo_model) as emu:
         pid = emu.plant._proc.pid
         middle = [0.0] * len(robot.names)
         os.kill(pid, signal.SIGSTOP)
