@@ -62,7 +62,7 @@ def register(sub) -> None:
     p.set_defaults(fn=_servo_check)
 
     p = sub.add_parser("transfer", help="a policy as on the arm, on other plants than its training plant")
-    p.add_argument("policy", type=Path, help="exported policy (.onnx)")
+    p.add_argument("policy", type=Path, help="exported policy (.onnx), or 'scripted': the scripted controller")
     config.add_flags(p, TransferCfg)
     p.set_defaults(fn=_transfer)
 

@@ -2,6 +2,7 @@
 was trained on.
 
     soarm transfer policy.onnx [--targets 200] [--plants nominal,mujoco,...]
+    soarm transfer scripted                     # the scripted controller, the baseline to beat
 
 Every arm runs the robot's own decision step (robot/loop.py `PolicyStep`: the export runtime's
 observation and inference, then the safety layer) at the contract's rate, from rest at the
@@ -36,7 +37,7 @@ from soarm.arm_params import ArmParams, load_arm
 from soarm.description import RobotDescription, load_robot, with_payload
 from soarm.dynamics import ArmDynamics
 from soarm.export.policies import DEFAULT_TASK
-from soarm.export.runtime import PolicyRuntime
+from soarm.export.runtime import PolicyRuntime, ScriptedRuntime
 from soarm.plant import Plant, SimPlant
 from soarm.reach import ReachCfg, draw_latency, draw_physics, full_pose, sample_targets
 from soarm.robot.loop import PolicyStep
@@ -287,7 +288,7 @@ def run_suite(policy: str | Path, plants: list[str], targets: int = 200, windows
     task = task or config.load(ReachCfg, DEFAULT_TASK)
     ctx = SuiteContext.of(task)
     robot = ctx.robot
-    rt = PolicyRuntime(policy, robot)
+    rt = ScriptedRuntime(task, robot) if str(policy) == "scripted" else PolicyRuntime(policy, robot)
     if task.control_hz != rt.control_hz:     # the target windows are counted in the task's ticks
         raise ValueError(f"task: control_hz {task.control_hz} is not the policy's {rt.control_hz} ({policy})")
     if targets % windows:

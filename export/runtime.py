@@ -1,4 +1,5 @@
-"""The one policy runtime: an exported ONNX file, its contract checked, run by onnxruntime.
+"""The one policy runtime: an exported ONNX file, its contract checked, run by onnxruntime
+(or the scripted controller under the task's contract, `ScriptedRuntime`, as a baseline).
 
 Used by `soarm evaluate policy.onnx` in the embedded sim and by the robot. The observation
 and the action -> goal mapping are soarm/reach.py's own functions, fed with the
@@ -71,15 +72,22 @@ class PolicyRuntime:
             raise PolicyError(f"{path}: onnxruntime cannot load it ({_first_line(e)})") from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         c = self.contract
-        self.obs_dim, self.action_dim, self.history = c.obs_dim, len(c.joint_names), c.history
-        if [i.name for i in inputs] != ["obs"] or inputs[0].shape[-1] != self.obs_dim:
-            raise PolicyError(f"{path}: graph input must be obs[batch, {self.obs_dim}], "
+        if [i.name for i in inputs] != ["obs"] or inputs[0].shape[-1] != c.obs_dim:
+            raise PolicyError(f"{path}: graph input must be obs[batch, {c.obs_dim}], "
                               f"got {[(i.name, i.shape) for i in inputs]}")
-        if [o.name for o in outputs] != ["actions"] or outputs[0].shape[-1] != self.action_dim:
-            raise PolicyError(f"{path}: graph output must be actions[batch, {self.action_dim}], "
+        if [o.name for o in outputs] != ["actions"] or outputs[0].shape[-1] != len(c.joint_names):
+            raise PolicyError(f"{path}: graph output must be actions[batch, {len(c.joint_names)}], "
                               f"got {[(o.name, o.shape) for o in outputs]}")
+        self._adopt_contract()
+
+    def _adopt_contract(self) -> None:
+        c = self.contract
+        self.obs_dim, self.action_dim, self.history = c.obs_dim, len(c.joint_names), c.history
         self.control_hz, self.bounds, self.workspace, self.frame = c.control_hz, c.action, c.workspace, c.frame
         self.dyn = ArmDynamics(self.robot)
+
+    def _infer(self, obs: np.ndarray) -> np.ndarray:
+        return self.session.run(["actions"], {"obs": obs})[0]
 
     def check_target(self, target, frame: str | None = None) -> np.ndarray:
         """The target as float32[3] if the policy may be given it; else PolicyError (one line):
@@ -124,7 +132,7 @@ class PolicyRuntime:
         if bad.any():
             raise PolicyError(f"{self.path}: observation contains NaN or inf in {', '.join(_terms(bad))}; "
                               "no action computed")
-        out = self.session.run(["actions"], {"obs": obs})[0]
+        out = self._infer(obs)
         if not np.isfinite(out).all():
             raise PolicyError(f"{self.path}: the policy produced a non-finite action; refusing to use it")
         return out
@@ -138,6 +146,25 @@ class PolicyRuntime:
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         """Torch in, torch out: lets `evaluate` run the shipped file in the embedded sim."""
         return torch.from_numpy(self.act(obs.detach().cpu().numpy())).to(obs.device)
+
+
+class ScriptedRuntime(PolicyRuntime):
+    """The scripted controller (training/scripted.py) behind the runtime's interface: the task's
+    own contract, no ONNX file, so the robot's decision step and the transfer suite run it as
+    they run a policy (`soarm transfer scripted`)."""
+
+    def __init__(self, task, robot: RobotDescription | None = None):
+        from soarm.training.scripted import ScriptedReach
+
+        self.path = Path("scripted")
+        self.robot = robot or load_robot()
+        self.contract = contract.Contract.load(contract.build(task, self.robot, {"controller": "scripted"}),
+                                               self.robot, "scripted")
+        self._adopt_contract()
+        self.controller = ScriptedReach(self.dyn, self.bounds)
+
+    def _infer(self, obs: np.ndarray) -> np.ndarray:
+        return self.controller(torch.from_numpy(obs)).numpy()
 
 
 def _terms(bad: np.ndarray) -> list[str]:

@@ -274,3 +274,14 @@ def test_stiction_holds_a_joint_at_rest_and_not_a_moving_one(robot):
         sim.step(sim.goal, 20)
     moved = (sim.q[:, 1] - q0[:, 1]).abs()
     assert moved[0] > 1e-3 and moved[1] == 0 and moved[2] > 1e-3
+
+
+def test_the_scripted_controller_runs_through_the_suite_as_a_policy():
+    """`soarm transfer scripted`: the baseline a learned policy must beat, through the same
+    decision step, safety layer and plants, under the task's own contract."""
+    from soarm.calibration.transfer import run_suite
+
+    result = run_suite("scripted", ["nominal", "latency_1"], targets=16, progress=False)
+    rows = result["plants"]
+    assert rows["nominal"]["median_error_m"] < 0.005 and rows["latency_1"]["targets"] == 16, rows["nominal"]
+    assert rows["nominal"]["torque_off_ticks"] == 0
