@@ -32,12 +32,10 @@ def load(spec: str | Path, task: str | Path | None = None) -> NamedPolicy:
     task config to evaluate on; by default the checkpoint's own, or configs/task/reach.yaml.
     An ONNX file's contract decides how its actions drive the arm (scale, clip, rate)."""
     if str(spec) == "scripted":
-        from soarm.description import load_robot
-        from soarm.dynamics import ArmDynamics
-        from soarm.training.scripted import ScriptedReach
+        from soarm.export.runtime import ScriptedRuntime
 
         cfg = config.load(ReachCfg, task or DEFAULT_TASK)
-        return NamedPolicy(ScriptedReach(ArmDynamics(load_robot()), cfg.action), cfg, "the scripted controller")
+        return NamedPolicy(ScriptedRuntime(cfg), cfg, "the scripted controller")
     if str(spec).endswith(".onnx"):
         from soarm.export.runtime import PolicyRuntime
 
