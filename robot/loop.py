@@ -36,6 +36,11 @@ PLAUSIBLE_SLACK_TICKS = 16         # encoder noise and the reads' own timing jit
 PARKED_WITHIN = 0.1                # rad: goal at a move's last pose and every joint this close (gravity sags it)
 
 
+def _wrapped(ticks: float) -> float:
+    """A difference of encoder readings, the short way round the turn."""
+    return (ticks + TICKS // 2) % TICKS - TICKS // 2
+
+
 @dataclass
 class LoopStats:
     ticks: int = 0
@@ -285,14 +290,13 @@ class ControlLoop:
             dt = now - then
             for sid, t in raw.items():
                 v = float(np.clip(vel.get(sid, 0.0), -MAX_JOINT_SPEED / TICK, MAX_JOINT_SPEED / TICK))
-                off = abs((t - last[sid] - v * dt + TICKS // 2) % TICKS - TICKS // 2)
+                off = abs(_wrapped(t - last[sid] - v * dt))
                 allowed = min(0.5 * MAX_JOINT_ACCEL * dt * dt, 2 * MAX_JOINT_SPEED * dt) / TICK + PLAUSIBLE_SLACK_TICKS
                 if off > allowed:
                     raise BusError(f"{self.bus.port_name}: implausible reading from servo {sid} "
                                    f"({self.bus.names[sid]}): {off:.0f} ticks from where it was heading, "
                                    f"{dt * 1e3:.0f} ms after the last good one")
-            vel = {sid: ((t - last[sid] + TICKS // 2) % TICKS - TICKS // 2) / dt if dt > 0 else 0.0
-                   for sid, t in raw.items()}
+            vel = {sid: _wrapped(t - last[sid]) / dt if dt > 0 else 0.0 for sid, t in raw.items()}
         else:
             vel = {}
         self._accepted = (now, dict(raw), vel)
@@ -335,20 +339,20 @@ class ControlLoop:
         names = self.arm + [self.gripper]
         sid = self.cal[names[k % len(names)]].id
         try:
-            st = self.bus.read_status(sid)
+            st, plausible = self.bus.read_status(sid), True
         except ImplausibleStatus as e:    # shown as read; a fault when the next poll says it again
-            self.servo_status[sid] = e.status
-            self._polled = {sid: asdict(e.status)}
-            if sid in self._implausible:
-                self.safety.implausible_status(sid)
-            self._implausible.add(sid)
-            return
+            st, plausible = e.status, False
         except BusError:
             return                       # a missed poll; the watchdog covers a dead bus
-        self._implausible.discard(sid)
         self.servo_status[sid] = st
         self._polled = {sid: asdict(st)}
-        self.safety.status(sid, st.error_bits, st.temperature)
+        if plausible:
+            self._implausible.discard(sid)
+            self.safety.status(sid, st.error_bits, st.temperature)
+        elif sid in self._implausible:
+            self.safety.implausible_status(sid)
+        else:
+            self._implausible.add(sid)
 
     def _to_rad(self, ticks: dict[int, int]) -> np.ndarray:
         return np.array([ticks_to_rad(self.cal[n], ticks[self.cal[n].id]) for n in self.arm], dtype=np.float32)
