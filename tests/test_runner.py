@@ -138,3 +138,35 @@ def test_distributed_training_on_gloo(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run").glob("model_*.pt")) == ["model_2.pt"]
     # the two ranks ran different environments
     assert not torch.equal(ranks[0]["obs"], ranks[1]["obs"])
+
+
+@pytest.mark.slow
+def test_run_processes_split_the_environments_over_workers(tmp_path):
+    """run.processes=2 on a CPU: `train` starts two workers (training/workers.py) that share
+    the run's environments, rank 0 writes the checkpoints and hands back its result; a
+    worker's error reaches the caller as the error it raised."""
+    from soarm import config
+    from soarm.training.train import train
+
+    cfg = tiny_cfg(2, processes=2, out_dir=str(tmp_path), name="split")
+    path = config.dump(cfg, tmp_path / "train.yaml")
+    out = train(path, {}, progress=False)
+    assert out["env_steps"] == 2 * cfg.ppo.num_steps * cfg.run.num_envs          # 2 x 16 envs = the run's 32
+    run_dir = Path(out["run_dir"])
+    assert sorted(p.name for p in run_dir.glob("model_*.pt")) == ["model_2.pt"]
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def _fails_on_rank_one() -> int:
+    import os
+
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank 1 refused")
+    return 7
+
+
+def test_a_workers_error_reaches_the_caller_as_raised():
+    from soarm.training import workers
+
+    with pytest.raises(ValueError, match="rank 1 refused"):
+        workers.run(_fails_on_rank_one, 2)

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from soarm import CONFIG_DIR, REPO_ROOT, config
 from soarm.reach import ReachCfg
-from soarm.training import checkpoint
+from soarm.training import checkpoint, workers
 from soarm.training.env import ReachEnv
 from soarm.training.modules import ActorCritic, PolicyCfg
 from soarm.training.ppo import PPO, PPOCfg
@@ -31,12 +31,15 @@ from soarm.files import atomic_write
 
 @dataclass
 class RunCfg:
-    num_envs: int = 4096                 # per process
+    # Environments of the run. With `processes` > 1 on a CPU they are split evenly over that many
+    # worker processes (training/workers.py); under torchrun, this many per process.
+    num_envs: int = 4096
+    processes: int = 1                   # CPU worker processes of one run (gloo); ignored on CUDA
     iterations: int = 400
     seed: int = 0
     device: str = "cpu"
     sim: str = "embedded"                # embedded (soarm/sim.py) | isaaclab (Isaac Lab 3 + Newton)
-    threads: int = 0                     # torch CPU threads; 0 = one per core
+    threads: int = 0                     # torch CPU threads in all; 0 = one per core
     compile: bool = True
     save_every: int = 50                 # iterations between checkpoints (and one at the end)
     print_every: int = 10                # iterations between summary lines
@@ -45,10 +48,17 @@ class RunCfg:
     name: str = "reach"
 
     def validate(self) -> None:
-        if self.num_envs < 1 or self.iterations < 1 or self.save_every < 1 or self.print_every < 1:
-            raise ValueError("run.num_envs/iterations/save_every/print_every: must be at least 1")
+        if min(self.num_envs, self.iterations, self.save_every, self.print_every, self.processes) < 1:
+            raise ValueError("run.num_envs/iterations/save_every/print_every/processes: must be at least 1")
+        if self.num_envs % self.processes:
+            raise ValueError(f"run.num_envs: {self.num_envs} environments do not split evenly over "
+                             f"run.processes {self.processes}")
         if self.sim not in ("embedded", "isaaclab"):
             raise ValueError(f"run.sim: '{self.sim}', expected 'embedded' or 'isaaclab'")
+
+    def local_envs(self, world: int, device: torch.device) -> int:
+        """This process's environments: its share where the run's own CPU workers split them."""
+        return self.num_envs // world if self.processes > 1 and device.type == "cpu" else self.num_envs
 
 
 @dataclass
@@ -153,17 +163,23 @@ class Runner:
         self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
         self.dist, device = init_distributed(cfg.run.device)
         self.device = torch.device(device)
-        if cfg.run.threads:
+        if self.dist.world > 1 and cfg.run.processes > 1 and self.device.type == "cpu":
+            if cfg.run.processes != self.dist.world:
+                raise config.ConfigError(f"run.processes: {cfg.run.processes} worker processes in a group of "
+                                         f"{self.dist.world} (under torchrun, set run.processes=1)")
+            torch.set_num_threads(workers.threads_per_worker(cfg.run.threads, cfg.run.processes))
+        elif cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
+        self.num_envs = cfg.run.local_envs(self.dist.world, self.device)
         seed = cfg.run.seed + 1000 * self.dist.rank
         torch.manual_seed(seed)
         if task is None:
             task = checkpoint.task_cfg(resume) if resume is not None else config.load(ReachCfg, CONFIG_DIR / cfg.task)
         self.task = task
         if cfg.run.sim == "isaaclab":
-            self.env = isaaclab_env(task, cfg.run.num_envs, device, seed)
+            self.env = isaaclab_env(task, self.num_envs, device, seed)
         else:
-            self.env = ReachEnv(self.task, cfg.run.num_envs, device=device, seed=seed, check_actions=False)
+            self.env = ReachEnv(self.task, self.num_envs, device=device, seed=seed, check_actions=False)
             if cfg.run.compile:
                 self.env.sim.compile()
         self.model = ActorCritic(self.env.num_obs, self.env.num_actions, cfg.policy,
@@ -171,7 +187,7 @@ class Runner:
         if self.dist.world > 1:
             for t in self.model.state_dict().values():
                 torch.distributed.broadcast(t, src=0)
-        self.ppo = PPO(self.model, cfg.ppo, cfg.run.num_envs, self.device, compile=cfg.run.compile,
+        self.ppo = PPO(self.model, cfg.ppo, self.num_envs, self.device, compile=cfg.run.compile,
                        group=self.dist.group)
         self.iteration, self.total_steps, self.elapsed = 0, 0, 0.0
         self.commit = git_commit()
@@ -185,7 +201,7 @@ class Runner:
     def learn(self) -> dict:
         cfg, env, ppo = self.cfg, self.env, self.ppo
         T = cfg.ppo.num_steps
-        steps_per_iter = T * cfg.run.num_envs * self.dist.world
+        steps_per_iter = T * self.num_envs * self.dist.world
         timer = PhaseTimer(self.device)
         if self.dist.main:
             self._open_logs()
@@ -275,19 +291,27 @@ class Runner:
 
     def _restore(self, state: dict) -> None:
         path = state["path"]
+        # A checkpoint holds rank 0's environments and random streams: the other ranks of a
+        # multi-process run go on with environments and streams of their own (not rank 0's
+        # again, which would give the update the same samples twice).
+        main = self.dist.main
         try:
             self.model.load_state_dict(state["model"])
             self.ppo.optimizer.load_state_dict(state["optimizer"])
-            self.env.load_state_dict(state["env"])
+            if main:
+                self.env.load_state_dict(state["env"])
         except (RuntimeError, KeyError, ValueError) as e:
             raise checkpoint.CheckpointError(f"{path}: cannot resume from it ({str(e).splitlines()[0]})") from None
         # load_state_dict copied the saved lr in; keep the optimizer on our device tensor.
         self.ppo.lr.copy_(state["lr"])
         for g in self.ppo.optimizer.param_groups:
             g["lr"] = self.ppo.lr
-        torch.set_rng_state(state["rng"]["torch"].cpu())
-        if "cuda" in state["rng"] and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), self.device)
+        if main:
+            torch.set_rng_state(state["rng"]["torch"].cpu())
+            if "cuda" in state["rng"] and self.device.type == "cuda":
+                torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), self.device)
+        else:
+            torch.manual_seed(self.cfg.run.seed + 1000 * self.dist.rank + state["iteration"])
         self.iteration = state["iteration"]
         self.total_steps = state["counters"]["env_steps"]
         self.elapsed = state["counters"]["wall_s"]

@@ -4,6 +4,7 @@
     soarm train --iterations 50 --num-envs 1024 --set ppo.entropy_coef=0.01
     soarm train --resume runs/reach/latest --iterations 400
     soarm train --set task.action.max_relative_target=0.3 --set task.reward.joint_limit=-6
+    soarm train --set run.processes=1              # one process (CPU threads: run.threads)
     torchrun --nproc_per_node=2 -m soarm.cli train --device cuda
 
 Writes runs/<name>/<time>/ (TensorBoard events, metrics.jsonl, training.png, model_N.pt,
@@ -22,7 +23,7 @@ import torch
 
 from soarm import CONFIG_DIR, REPO_ROOT, config
 from soarm.reach import ReachCfg
-from soarm.training import checkpoint
+from soarm.training import checkpoint, workers
 from soarm.training.evaluate import evaluate, summary, write_report
 from soarm.training.runner import Runner, TrainCfg, close_distributed
 
@@ -66,16 +67,20 @@ def point_latest(run_dir: Path) -> None:
 
 
 def train(config_path: Path, overrides: dict[str, Any], resume_path: Path | None = None,
-          progress: bool = True) -> dict:
+          progress: bool = True, run_dir: Path | None = None) -> dict:
+    """One training run; with run.processes > 1 on a CPU, in that many worker processes
+    (training/workers.py), each of which runs this function again."""
     resume = checkpoint.load(resume_path) if resume_path is not None else None
     cfg, task = load_cfg(config_path, overrides, resume)
-    run_dir = run_dir_for(cfg, resume)
+    run_dir = run_dir or run_dir_for(cfg, resume)
+    if workers.wanted(cfg.run.processes, cfg.run.device, cfg.run.sim):
+        return workers.run(train, cfg.run.processes, config_path, overrides, resume_path, progress, run_dir)
     t0 = time.time()
     runner = Runner(cfg, run_dir, resume, progress=progress, task=task)
     main = runner.dist.main
     if main:
         start = f"resuming at iteration {runner.iteration}" if resume else "starting"
-        print(f"train: {start}; {cfg.run.num_envs} envs x {runner.dist.world} process(es) on {runner.device}, "
+        print(f"train: {start}; {runner.num_envs} envs x {runner.dist.world} process(es) on {runner.device}, "
               f"{cfg.run.iterations} iterations of {cfg.ppo.num_steps} steps -> {run_dir}")
         print(f"train: set-up (env, compile) took {time.time() - t0:.0f} s")
         if resume is None:
