@@ -1,17 +1,20 @@
 """Our PPO against rsl_rl 5.5 on the same embedded reach env, in one run, interleaved.
 
-Peers: rsl_rl as it ships (fp32) and rsl_rl with its own bf16 autocast of the update
-(`use_mixed_precision`), since ours runs its matmuls in bf16 where the CPU does them natively.
-All trainers get their own copy of the same env (same seed, physics compiled for both),
-the network sizes, rollout length, epochs, minibatches, PPO coefficients and observation
-normalization of configs/train/reach.yaml, and the same device and CPU threads. Rounds alternate
-(ours, rsl_rl, ours, ...) so drifts of the machine hit both. Each side's collection and
-update times come from its own runner's timers.
+Ours runs as `make` ships it: configs/train/reach.yaml's precision and its `run.processes`
+worker processes, started as `soarm train` starts them and driven from here. Peers: rsl_rl as
+it ships (fp32) and rsl_rl with its own bf16 autocast of the update (`use_mixed_precision`),
+each in this process with all of the run's threads (rsl_rl has no CPU multi-process mode).
+All trainers get the same env (same seed, physics compiled for each), the run's environments
+in all, the network sizes, rollout length, epochs, minibatches, PPO coefficients and
+observation normalization of the config, and the same device and CPU threads in all. Rounds
+alternate (ours, rsl_rl, rsl_rl_bf16, ours, ...) so drifts of the machine hit every side. Each
+side's collection and update times come from its own runner's timers.
 
     python benchmarks/ppo_vs_rsl_rl.py [--envs 4096] [--rounds 3] [--iterations 4] [--device cuda]
     python benchmarks/ppo_vs_rsl_rl.py --learn --seeds 0 1 2 --learn-iterations 150 [--sides ours rsl_rl]
 
-Prints JSON: env-steps/s (collection, update, total) for each and our/rsl_rl ratios;
+Prints JSON: env-steps/s (collection, update, total) for each, our/peer ratios overall and
+per round (the acceptance figure is the median round's total ratio), each side's precision;
 with --learn, the final evaluation of each seed at equal env steps.
 """
 
@@ -113,30 +116,79 @@ def quiet(fn, *a, **k):
         return fn(*a, **k)
 
 
+def our_worker(cfg: TrainCfg, run_dir: Path, commands, replies) -> None:
+    """One rank of our trainer in the layout `make` ships (run.processes workers): on each
+    command n, every rank learns n more iterations; rank 0 replies with their timings."""
+    from soarm.training.runner import close_distributed
+
+    runner = Runner(cfg, run_dir, progress=False)
+    main = runner.dist.main
+    if main:
+        replies.put("bf16" if runner.ppo.bf16 else "fp32")
+    while True:
+        n = [commands.get() if main else None]
+        if runner.dist.world > 1:
+            torch.distributed.broadcast_object_list(n, src=0)
+        if n[0] is None:
+            break
+        runner.cfg.run.iterations += n[0]
+        runner.learn()
+        if main:
+            rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            replies.put([(x["perf/collection_s"], x["perf/update_s"]) for x in rows[-n[0]:]])
+    del runner
+    import gc
+
+    gc.collect()                    # free the group's tensors before the group (tests/distributed_worker.py)
+    close_distributed()
+
+
+class OurSide:
+    """Our trainer in its own worker processes (training/workers.py), as `soarm train` runs it,
+    driven from here so that its rounds interleave with rsl_rl's."""
+
+    def __init__(self, cfg: TrainCfg, run_dir: Path):
+        import multiprocessing
+        import threading
+
+        from soarm.training import workers
+
+        ctx = multiprocessing.get_context("spawn")
+        self.commands, self.replies = ctx.Queue(), ctx.Queue()
+        cfg = copy.deepcopy(cfg)
+        cfg.run.iterations = 0
+        self.processes = cfg.run.processes if workers.wanted(cfg.run.processes, cfg.run.device, cfg.run.sim) else 1
+        self.thread = threading.Thread(target=workers.run, daemon=True,
+                                       args=(our_worker, self.processes, cfg, run_dir, self.commands, self.replies))
+        self.thread.start()
+        self.precision = self.replies.get(timeout=900)
+        self.timings: list[tuple[float, float]] = []
+
+    def __call__(self, n: int) -> None:
+        self.commands.put(n)
+        self.timings.extend(self.replies.get(timeout=3600))
+
+    def close(self) -> None:
+        self.commands.put(None)
+        self.thread.join(timeout=120)
+
+
 def throughput(cfg: TrainCfg, rounds: int, iterations: int, warmup: int) -> dict:
     steps = cfg.ppo.num_steps * cfg.run.num_envs
     tmp = Path(tempfile.mkdtemp(prefix="ppo_bench_"))
-    cfg.run.iterations, cfg.run.eval_targets, cfg.run.save_every = warmup, 0, 10**9
+    cfg.run.eval_targets, cfg.run.save_every = 0, 10**9
     t0 = time.time()
-    ours = Runner(cfg, tmp / "ours", progress=False)
-    print(f"ours: set-up {time.time() - t0:.0f} s (precision {'bf16' if ours.ppo.bf16 else 'fp32'})",
+    ours = OurSide(cfg, tmp / "ours")
+    print(f"ours: set-up {time.time() - t0:.0f} s ({ours.processes} process(es), precision {ours.precision})",
           file=sys.stderr)
-    our_timings: list[tuple[float, float]] = []
-
-    def run_ours(n: int) -> None:
-        cfg.run.iterations += n
-        ours.learn()
-        rows = [json.loads(x) for x in (tmp / "ours" / "metrics.jsonl").read_text().splitlines()]
-        our_timings.extend((x["perf/collection_s"], x["perf/update_s"]) for x in rows[-n:])
-
-    sides = {"ours": (lambda n: run_ours(n), our_timings)}
-    # rsl_rl as it ships (fp32), and with its own bf16 autocast of the update switched on.
+    sides = {"ours": (ours, ours.timings)}
+    # rsl_rl as it ships (fp32), and with its own bf16 autocast of the update switched on; one
+    # process with every thread the run has (--threads), the run's environments in all.
     for name, mixed in (("rsl_rl", False), ("rsl_rl_bf16", True)):
         t0 = time.time()
         runner, _, timings = quiet(rsl_rl_runner, cfg, cfg.run.seed, mixed)
         sides[name] = (lambda n, r=runner: quiet(r.learn, n), timings)
         print(f"{name}: set-up {time.time() - t0:.0f} s", file=sys.stderr)
-    cfg.run.iterations = 0
     for run, timings in sides.values():      # warm-up (compile, caches): not timed
         run(warmup)
         timings.clear()
@@ -149,15 +201,26 @@ def throughput(cfg: TrainCfg, rounds: int, iterations: int, warmup: int) -> dict
         # This round's ratios too: the machine's speed drifts between rounds, and not by
         # the same factor for every side.
         now = {k: rates(t[-iterations:], steps) for k, (_, t) in sides.items()}
-        per_round.append({f"{phase}_ours_over_rsl_rl": now["ours"][f"{phase}_steps_per_s"]
-                          / now["rsl_rl"][f"{phase}_steps_per_s"] for phase in ("update", "total")})
+        per_round.append({f"{phase}_ours_over_{peer}": now["ours"][f"{phase}_steps_per_s"]
+                          / now[peer][f"{phase}_steps_per_s"]
+                          for peer in ("rsl_rl", "rsl_rl_bf16") for phase in ("update", "total")})
+    ours.close()
     out = {k: rates(t, steps) for k, (_, t) in sides.items()}
     out["rounds"] = per_round
-    out["precision_ours"] = "bf16" if ours.ppo.bf16 else "fp32"
+    out["precision"] = {"ours": PRECISION[ours.precision], "rsl_rl": "fp32 throughout",
+                        "rsl_rl_bf16": "bf16 autocast of the update (use_mixed_precision); rollout in fp32"}
+    out["processes"] = {"ours": ours.processes, "rsl_rl": 1, "rsl_rl_bf16": 1}
     for peer in ("rsl_rl", "rsl_rl_bf16"):
         out[f"ratio_ours_over_{peer}"] = {k.replace("_steps_per_s", ""): out["ours"][k] / out[peer][k]
                                           for k in out["ours"] if k.endswith("steps_per_s")}
+        out[f"median_round_total_ours_over_{peer}"] = statistics.median(
+            r[f"total_ours_over_{peer}"] for r in per_round)
     return out
+
+
+PRECISION = {"bf16": "bf16 matmuls in the hidden layers (rollout and update), fp32 output layers, losses, "
+                     "optimizer and weights (ppo.precision auto on a CPU with native bf16)",
+             "fp32": "fp32 throughout"}
 
 
 def learning(cfg: TrainCfg, seeds: list[int], iterations: int, targets: int, sides: list[str]) -> dict:
