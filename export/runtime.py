@@ -83,6 +83,7 @@ class PolicyRuntime:
     def _adopt_contract(self) -> None:
         c = self.contract
         self.obs_dim, self.action_dim, self.history = c.obs_dim, len(c.joint_names), c.history
+        self.fine_error = c.fine_error
         self.control_hz, self.bounds, self.workspace, self.frame = c.control_hz, c.action, c.workspace, c.frame
         self.dyn = ArmDynamics(self.robot)
 
@@ -118,7 +119,7 @@ class PolicyRuntime:
         if not past[0].shape[1] == past[1].shape[1] == self.history:
             raise PolicyError(f"{self.path}: the policy observes {self.history} past ticks, given "
                               f"{past[0].shape[1]} readings and {past[1].shape[1]} goals")
-        return observe(self.dyn, *t[:3], t[3], t[4], self.control_hz, *past).numpy()
+        return observe(self.dyn, *t[:3], t[3], t[4], self.control_hz, *past, self.fine_error).numpy()
 
     def act(self, obs) -> np.ndarray:
         """Actions [N, action_dim] for observations [N, obs_dim] (or one [obs_dim])."""

@@ -47,8 +47,10 @@ def build(task: ReachCfg, robot: RobotDescription, training: dict) -> dict:
     return {
         "schema": SCHEMA,
         "task": "reach",
-        "observation": [{"name": n, "size": k, "unit": u} for n, k, u in obs_terms(task.obs_history)],
-        "obs_dim": obs_dim(task.obs_history),
+        "observation": [{"name": n, "size": k, "unit": u}
+                        for n, k, u in obs_terms(task.obs_history, task.fine_error)],
+        "obs_dim": obs_dim(task.obs_history, task.fine_error),
+        "fine_error": task.fine_error,                  # m: target_error_fine = tanh(target_error / this)
         "joint_names": list(robot.arm_joints),
         "action": {
             "type": ACTION_TYPE,
@@ -86,6 +88,7 @@ class Contract:
     terms: dict                        # the JSON as written in the file
     obs_dim: int
     history: int                       # past control ticks observed (ReachCfg.obs_history)
+    fine_error: float                  # m, ReachCfg.fine_error (0: target_error_fine not observed)
     joint_names: tuple[str, ...]       # the arm joints, in action order
     gripper_joint: str
     action: ActionBounds
@@ -99,7 +102,8 @@ class Contract:
         observation and action the contract describes, for this robot."""
         _check(terms, robot, where)
         action, ws = terms["action"], terms["workspace"]
-        return cls(terms, terms["obs_dim"], history(terms), tuple(terms["joint_names"]), terms["gripper"]["joint"],
+        return cls(terms, terms["obs_dim"], history(terms), fine_error(terms), tuple(terms["joint_names"]),
+                   terms["gripper"]["joint"],
                    ActionBounds(action["scale"], action["clip"], action["max_relative_target"], action["goal_margin"]),
                    float(terms["control_hz"]),
                    CommandCfg(radius=tuple(ws["radius"]), height=tuple(ws["height"]), max_bearing=ws["max_bearing"]),
@@ -120,7 +124,9 @@ def _check(contract: dict, robot: RobotDescription, where: str) -> None:
     need(contract.get("schema") == SCHEMA, f"schema {contract.get('schema')!r}, this runtime reads schema {SCHEMA}")
     need(contract.get("task") == "reach", f"task {contract.get('task')!r}, expected 'reach'")
     terms = [(t.get("name"), t.get("size")) for t in contract.get("observation", []) if isinstance(t, dict)]
-    ours = [(n, k) for n, k, _ in obs_terms(history(contract))]
+    fine = contract.get("fine_error", 0.0)         # files from before it: not observed
+    need(isinstance(fine, (int, float)) and 0 <= fine <= 1, f"fine_error {fine!r}: a number of m in 0..1")
+    ours = [(n, k) for n, k, _ in obs_terms(history(contract), fine)]
     need(terms == ours, f"observation terms {terms} differ from this runtime's {ours}")
     need(contract.get("obs_dim") == sum(k for _, k in ours), f"obs_dim {contract.get('obs_dim')!r}, "
          f"expected {sum(k for _, k in ours)}")
@@ -183,6 +189,12 @@ def history(contract: dict) -> int:
     past = [t.get("size") for t in contract.get("observation", [])
             if isinstance(t, dict) and t.get("name") == "past_joint_pos"]
     return past[0] // ACTION_DIM if past and isinstance(past[0], int) else 0
+
+
+def fine_error(contract: dict) -> float:
+    """m: the scale of the observed target_error_fine (ReachCfg.fine_error); 0 where the file
+    has none (written before the term existed)."""
+    return float(contract.get("fine_error", 0.0))
 
 
 def _close(theirs, ours, tol: float = 1e-6) -> bool:

@@ -16,6 +16,10 @@ Observation, in order (units as the real arm measures them, encoder-quantized):
 With ReachCfg.obs_history = H > 0, then (obs_terms):
     past_joint_pos   5H rad, the readings of the last H observations, newest first, minus home
     past_joint_goal  5H rad, the goals observed with them, minus home
+With ReachCfg.fine_error = s > 0, last:
+    target_error_fine 3 tanh(target_error / s): the error near the goal at a gain the
+                        normalizer keeps (target_error's spread over training is ~0.1 m, so
+                        a millimetre reaches the network as 1 % of its spread)
 Action: 5 values, relative joint-position targets (Isaac Lab's "relative joint position"
 action): goal_t = goal_{t-1} + scale * clip(action, +-clip), kept within max_relative_target
 of the measured angles and goal_margin inside the joint limits (ActionBounds); goal :=
@@ -48,16 +52,20 @@ OBS_TERMS: tuple[tuple[str, int, str], ...] = (
 OBS_DIM = sum(n for _, n, _ in OBS_TERMS)
 
 
-def obs_terms(history: int) -> tuple[tuple[str, int, str], ...]:
+def obs_terms(history: int, fine_error: float = 0.0) -> tuple[tuple[str, int, str], ...]:
     """The observation's terms with `history` past control ticks appended (ReachCfg.obs_history):
-    the readings and the goals of ticks t-1 .. t-history, newest first, minus the home pose."""
-    if not history:
-        return OBS_TERMS
-    return OBS_TERMS + (("past_joint_pos", 5 * history, "rad"), ("past_joint_goal", 5 * history, "rad"))
+    the readings and the goals of ticks t-1 .. t-history, newest first, minus the home pose;
+    then, with `fine_error` > 0 (m, ReachCfg.fine_error), the saturated target error."""
+    terms = OBS_TERMS
+    if history:
+        terms += (("past_joint_pos", 5 * history, "rad"), ("past_joint_goal", 5 * history, "rad"))
+    if fine_error > 0:
+        terms += (("target_error_fine", 3, "1"),)
+    return terms
 
 
-def obs_dim(history: int) -> int:
-    return sum(n for _, n, _ in obs_terms(history))
+def obs_dim(history: int, fine_error: float = 0.0) -> int:
+    return sum(n for _, n, _ in obs_terms(history, fine_error))
 
 
 def term_slices(terms: tuple[tuple[str, int, str], ...]) -> dict[str, slice]:
@@ -232,6 +240,9 @@ class ReachCfg:
     # Past control ticks the policy observes (readings and goals, obs_terms): what a policy
     # needs to tell a soft arm from a stiff one before it has moved. 0: the present only.
     obs_history: int = 0
+    # m; > 0 appends tanh(target_error / fine_error) to the observation (obs_terms): the last
+    # millimetres at a gain the network can resolve. 0: not observed.
+    fine_error: float = 0.0
     # The critic also observes the episode's drawn physics (PRIVILEGED_TERMS); the policy does not.
     critic_physics: bool = False
     servo: str = "servo/sts3215_7v4.yaml"       # relative to configs/
@@ -251,6 +262,8 @@ class ReachCfg:
             raise ValueError("substeps: must be in 1..100 physics steps per control step")
         if not 0 <= self.obs_history <= 30:
             raise ValueError("obs_history: must be in 0..30 control ticks")
+        if not 0 <= self.fine_error <= 1:
+            raise ValueError("fine_error: must be in 0..1 m (0: not observed)")
         if not self.episode_s >= self.command.resample_s:
             raise ValueError("episode_s: must hold at least one target window")
         if self.reward.end_ticks > self.window_steps:
@@ -282,16 +295,19 @@ def full_pose(dyn: ArmDynamics, arm_q: torch.Tensor) -> torch.Tensor:
 
 def observe(dyn: ArmDynamics, arm_q: torch.Tensor, arm_q_prev: torch.Tensor, goal: torch.Tensor,
             target: torch.Tensor, last_action: torch.Tensor, control_hz: float,
-            past_q: torch.Tensor | None = None, past_goal: torch.Tensor | None = None) -> torch.Tensor:
+            past_q: torch.Tensor | None = None, past_goal: torch.Tensor | None = None,
+            fine_error: float = 0.0) -> torch.Tensor:
     """The policy observation [N, obs_dim] from encoder readings (rad), the commanded arm
     goal (rad), the target and the last action; with a history, the past readings and goals
-    [N, H, A] (rad, newest first)."""
+    [N, H, A] (rad, newest first); with `fine_error` (m), the saturated error (obs_terms)."""
     home = torch.as_tensor(dyn.robot.home, device=arm_q.device, dtype=arm_q.dtype)
     tip = dyn.fingertip(full_pose(dyn, arm_q))
     vel = (arm_q - arm_q_prev) * control_hz
     terms = [arm_q - home, vel, goal - home, tip, target, target - tip, last_action]
     if past_q is not None and past_q.shape[1]:
         terms += [(past_q - home).flatten(1), (past_goal - home).flatten(1)]
+    if fine_error > 0:
+        terms.append(torch.tanh((target - tip) / fine_error))
     return torch.cat(terms, dim=-1)
 
 

@@ -171,7 +171,7 @@ class ReachTask:
         policy's observation, then what only the critic sees (soarm.reach.PRIVILEGED_TERMS)."""
         s = self.state
         obs = observe(self.dyn, reading, s.last_reading, s.goal, s.target, s.last_action, self.cfg.control_hz,
-                      s.past_readings, s.past_goals)
+                      s.past_readings, s.past_goals, self.cfg.fine_error)
         return torch.cat((obs, s.privileged), dim=-1) if self.cfg.critic_physics else obs
 
     def observe(self, reading: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from soarm.training.scripted import ScriptedReach
 def test_shapes_and_finiteness(task_cfg):
     env = ReachEnv(task_cfg, 16, seed=0)
     obs = env.reset()
-    assert obs.shape == (16, obs_dim(task_cfg.obs_history))
+    assert obs.shape == (16, obs_dim(task_cfg.obs_history, task_cfg.fine_error))
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
         obs, rew, term, trunc, info = env.step(torch.rand(16, 5, generator=g) * 2 - 1)
@@ -37,7 +37,7 @@ def test_observation_is_quantized(task_cfg):
 def test_a_history_observes_the_last_readings_and_goals_newest_first(task_cfg):
     """obs_history=3: the past terms are the readings and goals of the three observations
     before, minus home; a new episode starts its history at the present reading."""
-    cfg = dataclasses.replace(task_cfg, obs_history=3)
+    cfg = dataclasses.replace(task_cfg, obs_history=3, fine_error=0.0)
     env = ReachEnv(cfg, 4, seed=0)
     home = torch.tensor(env.robot.home, dtype=torch.float32)
     readings, goals = [env.reading()], [env.task.state.goal.clone()]

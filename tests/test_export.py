@@ -12,7 +12,7 @@ import torch
 from soarm import cli, contract
 from soarm.export.exporter import export
 from soarm.export.runtime import PolicyError, PolicyRuntime
-from soarm.reach import OBS_DIM, OBS_SLICES, PRIVILEGED_DIM, obs_dim, obs_terms
+from soarm.reach import OBS_DIM, OBS_SLICES, PRIVILEGED_DIM, full_pose, obs_dim, obs_terms
 from soarm.training import checkpoint
 from soarm.training.env import ReachEnv
 from soarm.training.evaluate import evaluate
@@ -39,7 +39,7 @@ def test_parity_and_single_file(exported, task_cfg):
     (inp,), (out,) = model.graph.input, model.graph.output
     assert inp.name == "obs" and out.name == "actions"
     assert inp.type.tensor_type.shape.dim[0].dim_param                               # dynamic batch
-    assert inp.type.tensor_type.shape.dim[1].dim_value == obs_dim(task_cfg.obs_history)
+    assert inp.type.tensor_type.shape.dim[1].dim_value == obs_dim(task_cfg.obs_history, task_cfg.fine_error)
 
 
 def test_contract_in_metadata(exported, robot, task_cfg):
@@ -47,10 +47,11 @@ def test_contract_in_metadata(exported, robot, task_cfg):
     meta = {p.key: p.value for p in onnx.load(root / "policy.onnx").metadata_props}
     c = json.loads(meta[contract.METADATA_KEY])
     assert c["schema"] == contract.SCHEMA
-    assert [(t["name"], t["size"], t["unit"]) for t in c["observation"]] == list(obs_terms(task_cfg.obs_history))
+    assert [(t["name"], t["size"], t["unit"]) for t in c["observation"]] == list(obs_terms(task_cfg.obs_history, task_cfg.fine_error))
     assert c["joint_names"] == list(robot.arm_joints)
     assert c["action"]["default_joint_positions"] == pytest.approx(list(robot.home))
     assert c["control_hz"] == 30.0 and c["encoder"]["ticks_per_rev"] == 4096
+    assert c["fine_error"] == task_cfg.fine_error
     assert len(c["training"]["config_hash"]) == 16 and c["training"]["iteration"] == 2
     for key in ("velocity_estimate", "latency", "joint_limits", "task"):
         assert key in c
@@ -92,17 +93,18 @@ def test_runtime_builds_the_same_observation_as_the_sim(exported, task_cfg):
 
 @pytest.mark.slow
 def test_a_policy_with_a_history_runs_on_the_robot_path_as_in_the_sim(tmp_path, task_cfg):
-    """obs_history=3 end to end: the file's contract names the past terms, the runtime builds
-    the sim's observation from the past readings and goals, PolicyStep keeps them newest
-    first, and evaluating the file equals evaluating the checkpoint."""
+    """obs_history=3 and fine_error end to end: the file's contract names the past terms and
+    the fine error's scale, the runtime builds the sim's observation from the past readings
+    and goals, PolicyStep keeps them newest first, and evaluating the file equals evaluating
+    the checkpoint."""
     from soarm.robot.loop import PolicyStep
     from soarm.robot.safety import SafetyCfg, SafetyLayer
 
-    task = dataclasses.replace(task_cfg, obs_history=3)
+    task = dataclasses.replace(task_cfg, obs_history=3, fine_error=0.004)
     Runner(tiny_cfg(2), tmp_path / "run", progress=False, task=task).learn()
     export(tmp_path / "run", tmp_path / "policy.onnx", verify_count=200)
     rt = PolicyRuntime(tmp_path / "policy.onnx")
-    assert rt.history == 3 and rt.obs_dim == OBS_DIM + 30
+    assert rt.history == 3 and rt.fine_error == 0.004 and rt.obs_dim == OBS_DIM + 30 + 3
     env = ReachEnv(task, 8, seed=3)
     for _ in range(4):
         s = env.task.state
@@ -111,6 +113,8 @@ def test_a_policy_with_a_history_runs_on_the_robot_path_as_in_the_sim(tmp_path, 
         obs = rt.observe(env.reading().numpy(), before.numpy(), s.goal.numpy(), s.target.numpy(),
                          s.last_action.numpy(), past_q.numpy(), past_goal.numpy())
         np.testing.assert_array_equal(obs, env.obs.numpy())
+        np.testing.assert_allclose(obs[:, -3:], np.tanh((s.target - env.task.dyn.fingertip(
+            full_pose(env.task.dyn, env.reading()))).numpy() / 0.004), atol=1e-6)
     with pytest.raises(PolicyError, match="observes 3 past ticks, given 0"):
         rt.observe(*(x.numpy() for x in (env.reading(), before, s.goal, s.target, s.last_action)))
 
@@ -142,7 +146,7 @@ def test_a_critic_that_saw_the_physics_stays_out_of_the_file(tmp_path, task_cfg)
     Runner(tiny_cfg(2), tmp_path / "run", progress=False, task=task).learn()
     export(tmp_path / "run", tmp_path / "policy.onnx", verify_count=200)
     rt = PolicyRuntime(tmp_path / "policy.onnx")
-    assert rt.obs_dim == obs_dim(task.obs_history) == rt.contract.obs_dim
+    assert rt.obs_dim == obs_dim(task.obs_history, task.fine_error) == rt.contract.obs_dim
     model = checkpoint.build_model(checkpoint.load(tmp_path / "run"))
     assert model.input_dim == rt.obs_dim + PRIVILEGED_DIM
     with torch.no_grad():
@@ -243,6 +247,14 @@ def test_export_fails_above_the_parity_tolerance_and_writes_nothing(exported, mo
     with pytest.raises(ValueError, match="torch vs onnxruntime differ by .* nothing written"):
         exporter.export(root / "run", tmp_path / "p.onnx", verify_count=256)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("fine", [-0.01, "0.01", 2.0])
+def test_a_bad_fine_error_in_the_contract_is_refused(exported, tmp_path, fine):
+    root, _ = exported
+    _with_contract(root / "policy.onnx", tmp_path / "bad.onnx", lambda c: c.update(fine_error=fine))
+    with pytest.raises(PolicyError, match="fine_error"):
+        PolicyRuntime(tmp_path / "bad.onnx")
 
 
 def test_the_runtime_applies_the_contracts_goal_bound(exported, tmp_path):

@@ -74,7 +74,7 @@ def build_model(state: dict, device: str | torch.device = "cpu") -> ActorCritic:
     """The trained actor-critic, normalizer included, in eval mode."""
     policy_cfg = config.from_dict(PolicyCfg, state["cfg"]["policy"], f"{state['path']} (policy)")
     task = task_cfg(state)
-    model = ActorCritic(obs_dim(task.obs_history), ACTION_DIM, policy_cfg, privileged_dim(task)).to(device)
+    model = ActorCritic(obs_dim(task.obs_history, task.fine_error), ACTION_DIM, policy_cfg, privileged_dim(task)).to(device)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:

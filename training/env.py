@@ -40,7 +40,7 @@ class ReachEnv:
                           dt=cfg.physics_dt, device=device, backlash=self.task.max_backlash,
                           pd_drives=rand.pd_share > 0, carries_payload=rand.payload_kg[1] > 0)
         self.dyn = self.sim.dyn
-        self.num_obs, self.num_actions = obs_dim(cfg.obs_history), ACTION_DIM
+        self.num_obs, self.num_actions = obs_dim(cfg.obs_history, cfg.fine_error), ACTION_DIM
         self.num_privileged = privileged_dim(cfg)
         self.window = cfg.window_steps
         self.arm = self.task.arm

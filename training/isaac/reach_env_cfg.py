@@ -48,7 +48,7 @@ class SO101ReachEnvCfg(DirectRLEnvCfg):
         task = config.load(ReachCfg, self.task_file)
         dt = task.physics_dt                                  # as the embedded simulator steps
         self.decimation, self.episode_length_s = task.substeps, task.episode_s
-        self.observation_space = obs_dim(task.obs_history)
+        self.observation_space = obs_dim(task.obs_history, task.fine_error)
         self.state_space = self.observation_space + privileged_dim(task) if task.critic_physics else 0
         self.sim.dt, self.sim.render_interval, self.sim.device = dt, task.substeps, self.device
         self.sim.physics.use_cuda_graph = self.device.startswith("cuda")
