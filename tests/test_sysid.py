@@ -103,7 +103,9 @@ def test_training_draws_centre_on_the_identified_arm():
     assert centred["backlash"][~servo_arms].eq(0).all()
     assert float(centred["backlash"].min()) >= 0.0
     lat = draw_latency(torch.Generator().manual_seed(0), TASK.randomization, n, "cpu", arm.latency_ticks)
-    assert set(lat.tolist()) == {1, 2, 3} and max_latency(TASK.randomization, arm.latency_ticks) == 3   # [0, 2] about 2
+    lo, hi = TASK.randomization.latency_ticks                            # the range, moved to be about 2
+    moved = {max(0, k + 2 - round((lo + hi) / 2)) for k in range(lo, hi + 1)}
+    assert set(lat.tolist()) == moved and max_latency(TASK.randomization, arm.latency_ticks) == max(moved)
     split = dataclasses.replace(arm, joints={n: JointParams(viscous=s * servo.friction_viscous,
                                                             friction_load=1.5 * servo.friction_load,
                                                             armature=0.8 * servo.armature, deadband=d)
