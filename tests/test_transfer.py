@@ -52,7 +52,8 @@ def test_a_task_file_sets_the_spread_the_randomized_row_draws(tmp_path, capsys):
     from soarm.reach import ReachCfg
 
     task = config.load(ReachCfg, DEFAULT_TASK)
-    late = dataclasses.replace(task, randomization=dataclasses.replace(task.randomization, latency_ticks=(2, 2)))
+    # The row's latency range is centred on the arm's own latency: a wider range draws later arms.
+    late = dataclasses.replace(task, randomization=dataclasses.replace(task.randomization, latency_ticks=(0, 8)))
     config.dump(late, tmp_path / "late.yaml")
     runs = {}
     for name, extra in (("default", []), ("late", ["--task", str(tmp_path / "late.yaml")])):
