@@ -300,9 +300,9 @@ def test_ctrl_c_again_while_parking_turns_torque_off_at_once_without_a_traceback
             seen.append(lines.get())
         return any(words in line for line in seen)
     try:
-        assert wait(lambda: printed("fingertip error"), 120), seen
+        assert wait(lambda: printed("fingertip error"), 120), "".join(seen)
         proc.send_signal(signal.SIGINT)
-        assert wait(lambda: printed("moving to the park pose"), 30), seen
+        assert wait(lambda: printed("moving to the park pose"), 30), "".join(seen)    # whole, unlike a list's repr
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(30)
         err = proc.stderr.read()
