@@ -18,8 +18,6 @@ import sys
 import traceback
 from typing import Any, Callable
 
-WORKER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
 
 def wanted(processes: int, device: str, sim: str) -> bool:
     """Whether this process should start workers: more than one asked for, on a CPU, for the
