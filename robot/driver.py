@@ -269,7 +269,7 @@ class ReachDriver:
                         "error_bits": s.error_bits} for sid, s in dict(self.loop.servo_status).items()}
         return {"state": self.state, "reason": self.reason, "connected": self.connected,
                 "reconnects": max(0, self.connections - 1), "rate_hz": self.rate,
-                "target": None if self.target is None else self.target.tolist(),
+                "target": None if self.target is None else self.target.tolist(), "targets": self.target_serial,
                 "read_failures_disabled": self.read_failures, "estop_latency_ms": self.estop_latency_ms,
                 "move": None if self.loop.move is None else {"name": self.loop.move.name, "done": self.loop.move.done},
                 "tick": stats, "clamps": dict(self.safety.counters), "tripped": self.safety.tripped,

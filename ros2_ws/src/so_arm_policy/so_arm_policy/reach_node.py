@@ -35,7 +35,7 @@ import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import PointStamped
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.callback_groups import CallbackGroup, MutuallyExclusiveCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
@@ -54,6 +54,22 @@ SUCCESS, FAILURE, ERROR = TransitionCallbackReturn.SUCCESS, TransitionCallbackRe
     TransitionCallbackReturn.ERROR
 CONNECT_TIMEOUT_S = 15.0        # configure waits this long for the bus thread's first verdict
 SWITCH_INTERVAL_S = 0.0005       # s; the GIL handed on this often (Python's default: 0.005)
+TARGET_POLL_S = 0.01             # s; a target is taken at most this late (a control tick: 33 ms)
+
+
+class Polled(CallbackGroup):
+    """A group the executor never waits on or runs: its subscriptions keep the latest message
+    in the middleware (depth 1) and a timer takes it. A flood of messages then costs the
+    middleware's own threads, not the executor's Python work beside the bus thread."""
+
+    def can_execute(self, entity) -> bool:
+        return False
+
+    def beginning_execution(self, entity) -> bool:
+        return False
+
+    def ending_execution(self, entity) -> None:
+        pass
 
 
 class ReachNode(LifecycleNode):
@@ -77,7 +93,9 @@ class ReachNode(LifecycleNode):
                              reliability=ReliabilityPolicy.RELIABLE)
         self.create_publisher(String, "robot_description", latched).publish(
             String(data=robot_description(self.robot)))
-        self.create_subscription(PointStamped, "target", self._on_target, 10)
+        self.targets = self.create_subscription(PointStamped, "target", self._on_target, 1,
+                                                callback_group=Polled())
+        self.create_timer(TARGET_POLL_S, self._take_target)
         self.create_subscription(JointTrajectory, "joint_trajectory", self._on_trajectory, 10)
         for name, fn in (("enable", self._enable), ("disable", self._disable), ("home", self._home),
                          ("park", self._park)):
@@ -178,6 +196,14 @@ class ReachNode(LifecycleNode):
             self.trigger_activate()
 
     # -------------------------------------------------------------- ROS -> driver
+    def _take_target(self) -> None:
+        """The newest target message since the last call, if any (targets are coalesced)."""
+        sub = self.targets
+        with sub.handle:
+            taken = sub.handle.take_message(sub.msg_type, sub.raw)
+        if taken is not None:
+            self._on_target(taken[0])
+
     def _on_target(self, msg: PointStamped) -> None:
         d = self.driver
         if d is None:
@@ -272,7 +298,7 @@ class ReachNode(LifecycleNode):
                   "tick_ms_p50": round(tick["tick_ms_p50"], 3), "tick_ms_p99": round(tick["tick_ms_p99"], 3),
                   "tick_ms_max": round(tick["tick_ms_max"], 3), "read_failures": tick["read_failures"],
                   "write_failures": tick["write_failures"], "policy_errors": tick["policy_errors"],
-                  "tripped": d["tripped"] or "", "target": d["target"] or ""}
+                  "tripped": d["tripped"] or "", "target": d["target"] or "", "targets": d["targets"]}
         values.update({f"clamp.{k}": n for k, n in d["clamps"].items()})
         status.values = [KeyValue(key=k, value=str(v)) for k, v in values.items()]
         out = [status]
