@@ -71,6 +71,7 @@ _REGISTERS = (
     Register("Protective_Torque", 34, 1),
     Register("Protection_Time", 35, 1),
     Register("Overload_Torque", 36, 1),
+    Register("Over_Current_Protection_Time", 38, 1),
     # RAM
     Register("Torque_Enable", 40, 1),
     Register("Acceleration", 41, 1),
@@ -92,15 +93,17 @@ STS3215: dict[str, Register] = {r.name: r for r in _REGISTERS}
 BY_ADDRESS: dict[int, Register] = {r.address: r for r in _REGISTERS}
 
 # Factory defaults the emulator powers up with (a fresh servo, before calibration; the values
-# of Feetech's STS memory table where it gives one).
+# of Feetech's STS memory table where it gives one, and for the cut-out's registers those a
+# LeRobot SO-101 follower reads back).
 DEFAULTS = {
     "Firmware_Major_Version": 3, "Firmware_Minor_Version": 9, "Model_Number": MODEL_STS3215, "ID": 1,
     "Baud_Rate": 0, "Return_Delay_Time": 0, "Response_Status_Level": 1, "Min_Position_Limit": 0,
     "Max_Position_Limit": TICKS - 1, "Max_Temperature_Limit": 70, "Max_Voltage_Limit": 140,
-    "Min_Voltage_Limit": 40, "Max_Torque_Limit": 1000, "P_Coefficient": 16, "D_Coefficient": 32,
-    "I_Coefficient": 0, "Protection_Current": 500, "Protective_Torque": 20, "Protection_Time": 200,
-    "Overload_Torque": 80, "Homing_Offset": 0, "Torque_Limit": 1000,
-    "Acceleration": 254, "Lock": 1, "Present_Voltage": 74, "Present_Temperature": 30,
+    "Min_Voltage_Limit": 40, "Max_Torque_Limit": 1000, "Unloading_Condition": 44, "LED_Alarm_Condition": 47,
+    "P_Coefficient": 16, "D_Coefficient": 32, "I_Coefficient": 0, "Protection_Current": 500,
+    "Protective_Torque": 20, "Protection_Time": 200, "Overload_Torque": 80, "Over_Current_Protection_Time": 200,
+    "Homing_Offset": 0, "Torque_Limit": 1000, "Acceleration": 254, "Lock": 1, "Present_Voltage": 74,
+    "Present_Temperature": 30,
 }
 
 

@@ -43,13 +43,15 @@ from soarm.robot import control_table as ct
 from soarm.arm_params import ArmParams
 from soarm.robot.emulator_physics import PlantProcess
 from soarm.robot.pty_link import PtyLink
+from soarm.robot.servo_protection import CURRENT_UNIT_A
+from soarm.robot.servo_protection import REGISTERS as PROTECTION_REGISTERS
 from soarm.robot.sts_protocol import (ACTION, BAUD_RATES, BROADCAST, PING, READ, REG_WRITE, SYNC_READ, SYNC_WRITE,
                                       PACKET_TIMEOUT_S, WRITE, Servo, drop_header, split_packets, status_packet)
 from soarm.servo import TICK, ServoRegisters
 
 # Registers that reach the servo model (ServoRegisters' fields). Torque_Limit is the one in
-# force (Feetech: set from Max_Torque_Limit at power-on). Protection_Current, Overload_Torque
-# and Protection_Time (the firmware's overload cut-out) are stored, not modelled.
+# force (Feetech: set from Max_Torque_Limit at power-on). The cut-out's registers
+# (robot/servo_protection.py) reach the physics process beside them.
 PHYSICS_REGISTERS = {"P_Coefficient": "p", "D_Coefficient": "d", "I_Coefficient": "i",
                      "Acceleration": "acceleration", "Torque_Limit": "torque_limit"}
 
@@ -133,6 +135,14 @@ class ServoBusEmulator:
         """Pull the USB adapter: the port stops answering, reads fail."""
         self.link.unplug()
 
+    def supply(self, volts: float) -> None:
+        """Set the arm's supply (V): every servo reads it, flags it outside its voltage limits,
+        and its motor is driven by it (a sagging supply)."""
+        with self._lock:
+            for s in self.servos.values():
+                s.set("Present_Voltage", round(volts * 10))
+            self.plant.command_supply(volts)
+
     def power_cycle(self) -> None:
         """Switch the arm's supply off and on: every servo's torque off, RAM back to its
         power-up values, EEPROM to what was last written with Lock = 0."""
@@ -170,8 +180,14 @@ class ServoBusEmulator:
             self.refresh()
 
     def refresh(self) -> None:
-        """Answer from the plant's latest state from now on (lock held)."""
+        """Answer from the plant's latest state from now on (lock held). A drive the overcurrent
+        cut-out turned off reads Torque_Enable 0 from then on: the host turns it on again."""
         self._now = self.plant.state()
+        for sid, s in self.servos.items():
+            j = self.joint_of[sid]
+            if self._now.cut[j] and s.get("Torque_Enable") == 1:
+                s.set("Torque_Enable", 0)
+                self.plant.command_torque(j, False)
 
     def joint_positions(self) -> list[float]:
         """True joint angles (rad), for tests and benchmarks."""
@@ -216,7 +232,16 @@ class ServoBusEmulator:
         qd = self._now.qd[j]
         return {"Present_Position": (self._raw(sid, self._now) - s.get("Homing_Offset")) % ct.TICKS,
                 "Present_Velocity": round(qd / TICK), "Moving": int(abs(qd) > 2 * TICK),
-                "Status": self.faults.error_bits}
+                "Present_Load": round(self._now.duty[j] * 1000), "Present_Current": round(
+                    self._now.current_a[j] / CURRENT_UNIT_A), "Status": self._error_bits(sid)}
+
+    def _error_bits(self, sid: int) -> int:
+        """What the servo reports in Status and every status packet: its cut-out's latched bits,
+        the supply outside Min/Max_Voltage_Limit (0.1 V) and the injected fault's."""
+        s = self.servos[sid]
+        volts = s.get("Present_Voltage")
+        supply = ct.ERR_VOLTAGE if not s.get("Min_Voltage_Limit") <= volts <= s.get("Max_Voltage_Limit") else 0
+        return self.faults.error_bits | self._now.status[self.joint_of[sid]] | supply
 
     def _goal_to_rad(self, sid: int, goal: int) -> float:
         s, j = self.servos[sid], self.joint_of[sid]
@@ -244,7 +269,7 @@ class ServoBusEmulator:
             t_read = self._t_rx = time.monotonic()
             with self._lock:
                 buf.extend(data)
-                self._now = self.plant.state()
+                self.refresh()
                 while True:
                     size = len(buf)
                     for packet in split_packets(buf, self.counters):
@@ -372,16 +397,17 @@ class ServoBusEmulator:
                 self.torque_dropped_at = self._t_rx
         if goal_written:
             self.plant.command_goal(j, self._goal_to_rad(sid, s.get("Goal_Position")))
-        if any(ct.STS3215[name].address in touched for name in PHYSICS_REGISTERS):
+        if any(ct.STS3215[name].address in touched for name in (*PHYSICS_REGISTERS, *PROTECTION_REGISTERS)):
             self._command_registers(sid)
         for hook in self.write_hooks:
             hook()
 
     def _command_registers(self, sid: int) -> None:
-        """The servo's control registers, as written, into its joint's physics."""
-        s = self.servos[sid]
-        self.plant.command_registers(self.joint_of[sid], ServoRegisters(
+        """The servo's control and cut-out registers, as written, into its joint's physics."""
+        s, j = self.servos[sid], self.joint_of[sid]
+        self.plant.command_registers(j, ServoRegisters(
             **{field: s.get(name) for name, field in PHYSICS_REGISTERS.items()}))
+        self.plant.command_protection(j, [s.get(name) for name in PROTECTION_REGISTERS])
 
     def _reply(self, sid: int, params: bytes) -> None:
         f = self.faults
@@ -390,7 +416,7 @@ class ServoBusEmulator:
         if f.drop and self.rng.random() < f.drop:
             self.counters["dropped"] += 1
             return
-        packet = bytearray(status_packet(sid, f.error_bits, params))
+        packet = bytearray(status_packet(sid, self._error_bits(sid), params))
         if f.corrupt and self.rng.random() < f.corrupt:
             packet[-1] ^= 0x5A
             self.counters["corrupted"] += 1

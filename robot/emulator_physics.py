@@ -21,10 +21,13 @@ the physics.
     plant.state().q ...; plant.close()
 
 The registers a host writes to each servo (P, D, I, Acceleration, Torque_Limit) drive our
-plant's servo model joint by joint; the MJCF's actuators are its own and ignore them.
+plant's servo model joint by joint, and the firmware's overload and overcurrent cut-out
+(robot/servo_protection.py) watches its duty and current; the MJCF's actuators are its own
+and ignore both (it reports no load or current).
 
-Shared memory layout (float64): state = [seq, time_s, lag_s, q[J], qd[J]];
-commands = [place_seq, goal[J], torque[J], place_q[J], registers[REGISTERS][J]].
+Shared memory layout (float64): state = [seq, time_s, lag_s, q[J], qd[J], duty[J], current[J],
+status[J], cut[J]]; commands = [place_seq, goal[J], torque[J], place_q[J], registers[REGISTERS][J],
+protection[PROTECTION][J], supply_v] (supply_v 0: the servo model's own voltage).
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ from soarm.arm_params import ArmParams
 from soarm.description import RobotDescription
 from soarm.files import atomic_write
 from soarm.reach import ReachCfg
+from soarm.robot.control_table import DEFAULTS
+from soarm.robot.servo_protection import REGISTERS as PROTECTION
+from soarm.robot.servo_protection import Protection
 
 TASK_FILE = CONFIG_DIR / "task" / "reach.yaml"     # the physics step, servo model and control rate
 MAX_BEHIND_S = 0.05          # s: a larger backlog of a slow plant is dropped (the simulated clock slows)
@@ -53,6 +59,7 @@ CATCH_UP_S = 0.3             # s: the longest stall a plant running twice real t
 START_TIMEOUT_S = 300.0      # torch import, first rest-pose settle (cached after), compile
 PLANTS = ("armsim", "mujoco")
 REGISTERS = ("p", "d", "i", "acceleration", "torque_limit")     # ServoRegisters' per-joint fields
+STATE_ROWS = 6               # per joint: q, qd, duty, current, status, cut
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,10 @@ class PlantState:
     qd: list[float]          # rad/s
     time_s: float            # simulated time since start
     lag_s: float             # simulated time dropped because the physics fell behind real time
+    duty: list[float]        # PWM last step, signed fraction of full (0: torque off, or the MJCF)
+    current_a: list[float]   # motor current, A
+    status: list[int]        # Status bits the firmware's cut-out latched
+    cut: list[bool]          # the drive turned off by an overcurrent
 
 
 class PlantProcess:
@@ -79,8 +90,8 @@ class PlantProcess:
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["torch", "soarm.plant", "soarm.mujoco_arm", "soarm.robot.emulator_physics"])
         J = self.J = len(robot.joints)
-        self._state = ctx.RawArray("d", 3 + 2 * J)
-        self._cmd = ctx.RawArray("d", 1 + (3 + len(REGISTERS)) * J)
+        self._state = ctx.RawArray("d", 3 + STATE_ROWS * J)
+        self._cmd = ctx.RawArray("d", 2 + (3 + len(REGISTERS) + len(PROTECTION)) * J)
         self._lock = ctx.Lock()
         self._stop = ctx.Event()
         ready = ctx.Event()
@@ -109,8 +120,9 @@ class PlantProcess:
     def state(self) -> PlantState:
         with self._lock:
             s = self._s().copy()
-        J = self.J
-        return PlantState(s[3:3 + J].tolist(), s[3 + J:3 + 2 * J].tolist(), float(s[1]), float(s[2]))
+        q, qd, duty, current, status, cut = s[3:].reshape(STATE_ROWS, self.J)
+        return PlantState(q.tolist(), qd.tolist(), float(s[1]), float(s[2]), duty.tolist(), current.tolist(),
+                          status.astype(int).tolist(), (cut > 0.5).tolist())
 
     def command_goal(self, joint: int, rad: float) -> None:
         with self._lock:
@@ -123,8 +135,19 @@ class PlantProcess:
     def command_registers(self, joint: int, registers) -> None:
         """One servo's control registers (a ServoRegisters), as its host wrote them."""
         with self._lock:
-            regs = self._c()[1 + 3 * self.J:].reshape(len(REGISTERS), self.J)
+            regs = self._c()[1 + 3 * self.J:1 + (3 + len(REGISTERS)) * self.J].reshape(len(REGISTERS), self.J)
             regs[:, joint] = [getattr(registers, name) for name in REGISTERS]
+
+    def command_protection(self, joint: int, values: list[int]) -> None:
+        """One servo's cut-out registers (servo_protection.REGISTERS, in that order), as written."""
+        with self._lock:
+            self._c()[1 + (3 + len(REGISTERS)) * self.J:-1].reshape(len(PROTECTION), self.J)[:, joint] = values
+
+    def command_supply(self, volts: float) -> None:
+        """The arm's supply voltage from now on (a sagging supply drives every motor weaker).
+        With compiled physics the first change recompiles the step (seconds of frozen arm)."""
+        with self._lock:
+            self._c()[-1] = volts
 
     def place(self, q: list[float]) -> None:
         """Put the arm at q (rad), at rest; the published state says so at once."""
@@ -191,19 +214,26 @@ def _serve(robot, q0, compile, kind, arm, state_arr, cmd_arr, lock, stop, ready)
     s = np.frombuffer(state_arr, dtype=np.float64)
     c = np.frombuffer(cmd_arr, dtype=np.float64)
     t_sim, lag, seq, place_seen = 0.0, 0.0, 0, 0.0
+    drives = kind == "armsim"                 # our servo model: registers, duty, current, cut-out
+    protection = Protection(J)
+    servo_volts = plant.sim.servo.voltage if drives else 0.0
+    duty = current = np.zeros(J)
+    on_before = np.zeros(J, dtype=bool)
 
     def publish() -> None:
         s[0], s[1], s[2] = seq, t_sim, lag
-        s[3:3 + J] = plant.q[0]
-        s[3 + J:3 + 2 * J] = plant.qd[0]
+        s[3:] = np.concatenate([plant.q[0], plant.qd[0], duty, current, protection.status, protection.cut()])
 
-    regs = c[1 + 3 * J:].reshape(len(REGISTERS), J)
+    end_regs = 1 + (3 + len(REGISTERS)) * J
+    regs = c[1 + 3 * J:end_regs].reshape(len(REGISTERS), J)
     with lock:
         publish()
         c[1:1 + J] = s[3:3 + J]
-        if kind == "armsim":
+        if drives:
             regs[:] = [[getattr(plant.sim.registers, name)] * J for name in REGISTERS]
+        c[end_regs:-1] = np.repeat([DEFAULTS[name] for name in PROTECTION], J)
     registers_seen = regs.copy()
+    supply_seen = 0.0
     ready.set()
     t0, last_warn, last_alive = time.monotonic(), -1e9, time.monotonic()
     cost = dt                                                # s of wall time per step, smoothed
@@ -228,17 +258,29 @@ def _serve(robot, q0, compile, kind, arm, state_arr, cmd_arr, lock, stop, ready)
         if cmd[0] != place_seen:
             place_seen = cmd[0]
             plant.reset(cmd[None, 1 + 2 * J:1 + 3 * J])
-        written = cmd[1 + 3 * J:].reshape(len(REGISTERS), J)
-        if kind == "armsim" and (written != registers_seen).any():
-            registers_seen = written.copy()
+        on = cmd[1 + J:1 + 2 * J] > 0.5
+        protection.clear(on & ~on_before)                    # torque on again: the firmware starts afresh
+        on_before = on
+        written = cmd[1 + 3 * J:end_regs].reshape(len(REGISTERS), J).copy()
+        guard = cmd[end_regs:-1].reshape(len(PROTECTION), J)
+        if drives and cmd[-1] != supply_seen:
+            supply_seen = cmd[-1]
+            plant.sim.servo = dataclasses.replace(plant.sim.servo, voltage=supply_seen or servo_volts)
+        written[REGISTERS.index("torque_limit")] = protection.torque_limit(written[REGISTERS.index("torque_limit")],
+                                                                           guard)
+        if drives and (written != registers_seen).any():
+            registers_seen = written
             plant.sim.registers = dataclasses.replace(
                 plant.sim.registers, **{name: torch.tensor(row, dtype=plant.sim.q.dtype)[None]
                                         for name, row in zip(REGISTERS, written)})
         # CPU time, not wall time: a stall that lands inside a step (SIGSTOP, a quota's throttle)
         # is not the physics' cost, and counted as such it made the plant drop that very stall.
         t_step = time.thread_time()
-        plant.torque(cmd[None, 1 + J:1 + 2 * J] > 0.5)
+        plant.torque((on & ~protection.cut())[None])
         plant.step(cmd[None, 1:1 + J], dt)
+        if drives:
+            duty, current = (x[0] for x in plant.drive())
+            protection.update(t_sim + dt, duty, current, on, guard)
         cost += 0.05 * (time.thread_time() - t_step - cost)
         t_sim += dt
         seq += 1

@@ -24,7 +24,7 @@ import torch
 
 from soarm.description import RobotDescription
 from soarm.reach import delay_goals
-from soarm.servo import ServoConfig
+from soarm.servo import ServoConfig, motor_current
 from soarm.sim import ArmSim
 
 
@@ -170,6 +170,14 @@ class SimPlant(Plant):
 
     def measured(self) -> np.ndarray:
         return self.sim.measured().double().numpy()
+
+    def drive(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each servo's PWM duty last step (signed fraction of full; 0 with torque off) and its
+        motor current (A), [N, J]: what the servo reports as Present_Load and Present_Current."""
+        sim = self.sim
+        duty = torch.where(sim.enabled, sim.firmware.duty, 0.0)
+        current = torch.where(sim.enabled, motor_current(sim.servo, duty, sim.qd), 0.0)
+        return duty.double().numpy(), current.double().numpy()
 
 
 def rest_pose(plant: Plant, home: np.ndarray, max_s: float = 30.0) -> np.ndarray:

@@ -132,6 +132,7 @@ class ServoState:
         self.target = quantize(q).clone()
         self.target_vel = torch.zeros_like(q)
         self.integral = torch.zeros_like(q)
+        self.duty = torch.zeros_like(q)            # the PWM applied last step (its Present_Load)
 
     def reset(self, mask: torch.Tensor, q: torch.Tensor) -> None:
         """Restart servos where `mask` [N] is true at measured position q (torque-on: goal := present)."""
@@ -139,6 +140,7 @@ class ServoState:
         self.target = torch.where(m, quantize(q), self.target)
         self.target_vel = torch.where(m, 0.0, self.target_vel)
         self.integral = torch.where(m, 0.0, self.integral)
+        self.duty = torch.where(m, 0.0, self.duty)
 
 
 def servo_torque(state: ServoState, goal: torch.Tensor, q_meas: torch.Tensor, qd: torch.Tensor,
@@ -171,12 +173,19 @@ def servo_torque(state: ServoState, goal: torch.Tensor, q_meas: torch.Tensor, qd
     duty = p.error_gain * gain_scale * (reg.p * err + reg.i * state.integral) - p.d_gain * reg.d * qd
     lim = p.max_pwm * reg.torque_limit / 1000.0
     duty = torch.clamp(duty, -lim, lim)
+    state.duty = duty
     volts = duty * (p.voltage if voltage is None else voltage)
     tau = p.kt / p.resistance * (volts - p.kt * qd)
     if enabled is not True:
         tau = tau * enabled     # torque off: open motor terminals, no drive and no back-EMF
     coulomb = p.friction_coulomb + p.friction_load * tau.abs()
     return tau - p.friction_viscous * qd, coulomb
+
+
+def motor_current(p: ServoParams, duty: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
+    """Motor current (A) at a duty and joint speed: servo_torque's motor equation over kt (what
+    the STS3215 reports as Present_Current and its overcurrent cut-out watches)."""
+    return (duty * p.voltage - p.kt * qd) / p.resistance
 
 
 def integrate(q: torch.Tensor, qd: torch.Tensor, M: torch.Tensor, tau: torch.Tensor,

@@ -99,6 +99,70 @@ def test_the_registers_a_host_writes_drive_that_servos_physics(emu):
     assert bus.torque_off()
 
 
+def test_the_firmware_cut_out_acts_on_overload_and_overcurrent(emu):
+    """Overload_Torque/Protection_Time and Protection_Current/Over_Current_Protection_Time as
+    written watch the servo model's duty and current: a fault sets its Status bit (and the
+    status packets' error byte); Unloading_Condition decides whether it acts: an overload holds
+    the drive to Protective_Torque, an overcurrent turns it off. Torque on again clears it.
+    Thresholds are set low so that holding the arm out (5-10 % duty, ~0.2 A) trips them."""
+    bus = connect(emu.port)
+    held = bus.enable_torque()
+    bus.sync_write("Goal_Position", {2: held[2] - 400, 3: held[3] + 400})      # arm out: gravity loads both
+    assert emu.wait(1.0)
+    assert bus.read("Present_Load", 2) != 0 and bus.read("Present_Current", 3) != 0
+    assert bus.read("Status", 2) == 0 and bus.read("Status", 3) == 0
+    out = bus.sync_read("Present_Position")
+    bus.write("Unloading_Condition", 1, 0)                    # the pan: reports, never acts
+    for sid, reg, value in ((1, "Overload_Torque", 0), (1, "Protection_Time", 20),
+                            (2, "Overload_Torque", 2), (2, "Protection_Time", 20), (2, "Protective_Torque", 0),
+                            (3, "Protection_Current", 5), (3, "Over_Current_Protection_Time", 20)):
+        bus.write(reg, sid, value)
+    bus.write("Goal_Position", 1, held[1] + 200)             # the pan moves: its duty is above 0 %
+    assert emu.wait(1.0)
+    assert bus.read("Status", 1) & ct.ERR_OVERLOAD and bus.read("Torque_Enable", 1) == 1
+    assert abs(bus.read("Present_Position", 1) - (held[1] + 200)) < 30          # still drives
+    assert bus.read("Status", 2) & ct.ERR_OVERLOAD and bus.read("Torque_Enable", 2) == 1
+    assert bus.read("Status", 3) & ct.ERR_OVERCURRENT and bus.read("Torque_Enable", 3) == 0
+    assert bus.read("Present_Current", 3) == 0
+    bus.sync_write("Goal_Position", {2: held[2], 3: held[3]})                 # back up: neither can
+    assert emu.wait(1.0)
+    now = bus.sync_read("Present_Position")
+    assert abs(now[2] - out[2]) < 30 and abs(now[3] - out[3]) < 30, (out, now)
+    bus.write("Protection_Current", 3, 500)
+    bus.write("Torque_Enable", 3, 1)                          # on again: the servo starts afresh
+    assert emu.wait(0.5)
+    assert bus.read("Status", 3) == 0 and bus.read("Torque_Enable", 3) == 1
+    assert abs(bus.read("Present_Position", 3) - held[3]) < 30                  # drives again
+    assert bus.torque_off()
+
+
+def test_a_sagging_supply_drives_weaker_and_below_the_voltage_limit_is_flagged(emu):
+    """`supply(V)`: every servo reads it, its motor is driven by it (the wrist roll, no ramp,
+    turns slower: full duty at 5 V spins the motor at 4.0 rad/s, at 7.4 V past the profile's
+    5.2), and below Min_Voltage_Limit (4.0 V) the voltage bit is set."""
+    bus = connect(emu.port)
+    held = bus.enable_torque()
+    bus.write("Acceleration", 5, 0)
+
+    def turned() -> int:
+        bus.write("Goal_Position", 5, held[5] + 1500)
+        assert emu.wait(0.3)
+        moved = bus.read("Present_Position", 5) - held[5]
+        bus.write("Goal_Position", 5, held[5])
+        assert emu.wait(1.5)
+        return moved
+    fast = turned()
+    emu.supply(5.0)
+    slow = turned()
+    assert bus.read("Present_Voltage", 2) == 50 and bus.read("Status", 2) == 0
+    assert 100 < slow < 0.85 * fast, (slow, fast)
+    emu.supply(3.6)
+    assert all(bus.read("Status", sid) & ct.ERR_VOLTAGE for sid in IDS.values())
+    emu.supply(7.4)
+    assert bus.read("Status", 2) == 0
+    assert bus.torque_off()
+
+
 def test_torque_on_holds_then_follows_goals_within_limits(emu):
     bus = connect(emu.port)
     held = bus.enable_torque()
