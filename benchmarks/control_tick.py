@@ -19,7 +19,12 @@ arm is to the host); the campaign injects its faults into an in-process emulator
    servos) with noise on the line; an adapter
    unplugged and replugged (the emulator killed and restarted behind the same path) to the
    arm enabled again (commands outside the limits and goal changes above the cap counted);
-   enable with a joint resting outside its calibrated range (refused, torque stays off).
+   enable with a joint resting outside its calibrated range (refused, torque stays off); a
+   second Ctrl-C during `soarm run`'s park; a second driver opening the same port; targets
+   at 1 kHz; the supply sagging mid-run (to 5.0 V, then below the servos' 4.0 V limit).
+   Commands outside the limits and goal changes above the cap are counted where the driver
+   runs in this process, and in the new scenarios also at the emulated servos (`GoalWatch`:
+   whatever process wrote them).
 Prints JSON.
 """
 
@@ -27,8 +32,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import queue
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -62,14 +72,48 @@ class Checker:
     def close(self) -> str:
         return "checker"                       # the driver closes its recorder like a log
 
-    def write(self, tick: dict) -> None:
-        if tick["goal_sent"] is None:
+    def write(self, tick) -> None:                      # a soarm.logs.TickRecord
+        if tick.goal_sent is None:
             return
-        goal = np.asarray(tick["goal_sent"])
+        goal = np.asarray(tick.goal_sent)
         out = ((goal < self.lo - 1e-6) & (goal < self.last - 1e-6)) | ((goal > self.hi + 1e-6) & (goal > self.last + 1e-6))
         self.outside += int(out.any())
         self.too_fast += int((np.abs(goal - self.last) > self.cap + 1e-6).any())
         self.last = goal
+
+
+class GoalWatch:
+    """Checker's two counts taken at the emulated servos, from the goals they were sent (a
+    write hook of the emulator): a goal outside the safety limits that moved further out, and
+    a goal change above the per-tick cap (plus a tick of rounding) while the servo's torque is
+    on. Sees what any process wrote, `soarm run` in a subprocess included."""
+
+    def __init__(self, emu: ServoBusEmulator, cal: dict, safety: SafetyLayer):
+        self.emu, self.safety = emu, safety
+        names = load_robot().names[:len(safety.lower)]
+        self.joints = [(j, cal[n]) for j, n in enumerate(names)]
+        self.cap = safety.cfg.max_step + calibration.RAD_PER_TICK
+        self.last: dict[int, float] = {}
+        self.outside = self.too_fast = 0
+        emu.write_hooks.append(self)
+
+    def __call__(self) -> None:                        # the emulator's lock is held
+        for j, c in self.joints:
+            s = self.emu.servos[c.id]
+            if s.get("Torque_Enable") != 1:
+                self.last.pop(j, None)
+                continue
+            goal, last = calibration.ticks_to_rad(c, s.get("Goal_Position")), self.last.get(j)
+            self.last[j] = goal
+            if last is None or goal == last:
+                continue
+            lo, hi = self.safety.lower[j], self.safety.upper[j]
+            self.outside += int((goal < lo - 1e-6 and goal < last) or (goal > hi + 1e-6 and goal > last))
+            self.too_fast += int(abs(goal - last) > self.cap + 1e-6)
+
+    def close(self) -> dict:
+        self.emu.write_hooks.remove(self)
+        return {"commands_outside_limits_at_servos": self.outside, "changes_above_cap_at_servos": self.too_fast}
 
 
 class Rig:
@@ -180,11 +224,12 @@ def _wait(pred, timeout: float) -> bool:
     return False
 
 
-def _driver(port: str, policy: Path, cal: str, check: bool = True):
+def _driver(port: str, policy: Path, cal: str, ready: bool = True):
+    """A driver started on `port`; `ready`: wait until it is connected and disabled."""
     from soarm.robot.driver import DISABLED, DriverCfg, ReachDriver
 
     driver = ReachDriver(DriverCfg(port=port, policy=str(policy), calibration=cal)).start()
-    if not _wait(lambda: driver.state == DISABLED, 60):
+    if ready and not _wait(lambda: driver.state == DISABLED, 60):
         raise RuntimeError(f"driver did not connect: {driver.reason}")
     return driver
 
@@ -260,6 +305,154 @@ def replug(policy: Path, repeat: int) -> dict:
             "reconnects": reconnects, "commands_outside_limits": outside, "changes_above_cap": too_fast}
 
 
+class CalibratedArm:
+    """An in-process emulator (eager physics) calibrated as LeRobot does, its file saved."""
+
+    def __init__(self, tmp: str):
+        self.robot = load_robot()
+        self.emu = ServoBusEmulator(seed=1).start()
+        bus = FeetechBus(self.emu.port, {n: i + 1 for i, n in enumerate(self.robot.names)})
+        bus.connect()
+        self.cal = calibration.calibrate_emulated(self.emu, bus, self.robot)
+        bus.close()
+        self.path = str(Path(tmp) / "cal.json")
+        calibration.save(self.cal, Path(self.path))
+
+    def watch(self) -> GoalWatch:
+        return GoalWatch(self.emu, self.cal, SafetyLayer.for_arm(SafetyCfg(), self.robot, self.cal))
+
+
+def double_ctrl_c(policy: Path, repeat: int) -> dict:
+    """`soarm run` in its own process on the emulator's pty: Ctrl-C starts the park, a second
+    one during it must still end with every servo's torque off, at once and without a traceback."""
+    torque_left_on, clean, off_ms = 0, 0, []
+    with tempfile.TemporaryDirectory() as tmp:
+        arm = CalibratedArm(tmp)
+        watch = arm.watch()
+        cmd = [sys.executable, "-m", "soarm.cli", "run", "--port", arm.emu.port, "--calibration", arm.path,
+               "--policy", str(policy), "--target", "0.22", "0.1", "0.15", "--hold", "120"]
+        for _ in range(repeat):
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            lines: queue.Queue[str] = queue.Queue()
+            threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+            seen: list[str] = []
+
+            def printed(words: str) -> bool:
+                while not lines.empty():
+                    seen.append(lines.get())
+                return any(words in x for x in seen)
+            if not (_wait(lambda: printed("fingertip error"), 120)):
+                raise RuntimeError("soarm run did not reach: " + "".join(seen))
+            proc.send_signal(signal.SIGINT)
+            _wait(lambda: printed("moving to the park pose"), 30)
+            t_second = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+            torque_left_on += int(any(arm.emu.torque_enabled()))
+            clean += int("Traceback" not in proc.stderr.read())
+            off_ms.append((arm.emu.torque_dropped_at - t_second) * 1e3)
+        counts = watch.close()
+        arm.emu.stop()
+    return {"repeat": repeat, "torque_left_on": torque_left_on, "exits_without_traceback": clean,
+            "second_ctrl_c_to_torque_off_ms_max": float(max(off_ms)), **counts}
+
+
+def two_openers(policy: Path, repeat: int) -> dict:
+    """A second driver on the adapter a running one holds: refused in one line; the first
+    keeps control."""
+    refused, enabled_second, one_line = 0, 0, 0
+    with tempfile.TemporaryDirectory() as tmp:
+        arm = CalibratedArm(tmp)
+        watch = arm.watch()
+        driver = _driver(arm.emu.port, policy, arm.path)
+        check = _enable_checked(driver)
+        for _ in range(repeat):
+            second = _driver(arm.emu.port, policy, arm.path, ready=False)
+            _wait(lambda: second.state == "fault", 30)
+            refused += int("in use by another process" in second.reason)
+            one_line += int("\n" not in second.reason)
+            enabled_second += int(second.enable()[0])
+            second.close()
+        first_still = driver.state == "enabled"
+        driver.close()
+        counts = watch.close()
+        arm.emu.stop()
+    return {"repeat": repeat, "second_refused_naming_the_cause": refused, "one_line": one_line,
+            "second_enabled": enabled_second, "first_still_enabled": first_still,
+            "commands_outside_limits": check.outside, "changes_above_cap": check.too_fast, **counts}
+
+
+def targets_1khz(policy: Path, seconds: float) -> dict:
+    """New targets at 1 kHz into the driver (what the ROS node hands it; the node's own intake
+    is measured by benchmarks/ros_node_tick.py): the control loop keeps its rate."""
+    with tempfile.TemporaryDirectory() as tmp:
+        arm = CalibratedArm(tmp)
+        watch = arm.watch()
+        driver = _driver(arm.emu.port, policy, arm.path)
+        check = _enable_checked(driver)
+        targets, sent, stop = ([0.22, 0.05, 0.15], [0.2, -0.05, 0.2]), 0, threading.Event()
+
+        def flood() -> None:
+            nonlocal sent
+            t_next = time.perf_counter()
+            while not stop.is_set():
+                driver.set_target(targets[(sent // 2000) % 2])          # a new place every 2 s
+                sent += 1
+                t_next += 1e-3
+                time.sleep(max(0.0, t_next - time.perf_counter()))
+        ticks0 = driver.diagnostics()["tick"]["ticks"]
+        t0 = time.monotonic()
+        thread = threading.Thread(target=flood, daemon=True)
+        thread.start()
+        time.sleep(seconds)
+        stop.set()
+        thread.join()
+        d = driver.diagnostics()
+        elapsed = time.monotonic() - t0
+        driver.close()
+        counts = watch.close()
+        arm.emu.stop()
+    return {"seconds": seconds, "targets_per_s": round(sent / elapsed, 1), "rate_hz": d["rate_hz"],
+            "ticks_per_s": round((d["tick"]["ticks"] - ticks0) / elapsed, 1), "overruns": d["tick"]["overruns"],
+            "tick_ms_p99": d["tick"]["tick_ms_p99"], "state": d["state"],
+            "commands_outside_limits": check.outside, "changes_above_cap": check.too_fast, **counts}
+
+
+def supply_sag(policy: Path, repeat: int) -> dict:
+    """The supply sags mid-reach to 5.0 V (weaker motors, no fault: the arm goes on), then to
+    3.6 V, below the servos' Min_Voltage_Limit (their voltage bit: torque off), and recovers."""
+    went_on, tripped, off_ms, reenabled = 0, 0, [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        arm = CalibratedArm(tmp)
+        watch = arm.watch()
+        driver = _driver(arm.emu.port, policy, arm.path)
+        outside = too_fast = 0
+        for _ in range(repeat):
+            check = _enable_checked(driver)
+            arm.emu.wait(1.0)
+            arm.emu.supply(5.0)
+            arm.emu.wait(2.0)
+            went_on += int(driver.state == "enabled")
+            t_sag = time.monotonic()
+            arm.emu.supply(3.6)
+            _wait(lambda: driver.state == "fault", 10)
+            tripped += int("error_0x01" in driver.reason and not any(arm.emu.torque_enabled()))   # voltage bit
+            off_ms.append((arm.emu.torque_dropped_at - t_sag) * 1e3)
+            arm.emu.supply(7.4)
+            outside, too_fast = outside + check.outside, too_fast + check.too_fast
+            reenabled += int(driver.enable()[0])                    # enable is the reset
+            driver.disable()
+            _wait(lambda: driver.state == "disabled", 30)
+        driver.close()
+        counts = watch.close()
+        arm.emu.stop()
+    return {"repeat": repeat, "went_on_at_5v": went_on, "torque_off_below_4v": tripped,
+            "sag_to_torque_off_ms_max": float(max(off_ms)), "enabled_again": reenabled,
+            "commands_outside_limits": outside, "changes_above_cap": too_fast, **counts}
+
+
 def enable_outside_range(policy: Path, repeat: int) -> dict:
     import dataclasses
 
@@ -296,6 +489,7 @@ def main() -> None:
     ap.add_argument("--sustain", type=float, default=60.0)
     ap.add_argument("--campaign", type=int, default=10000)
     ap.add_argument("--repeat", type=int, default=10, help="runs of each bench scenario")
+    ap.add_argument("--flood-seconds", type=float, default=20.0, help="the 1 kHz targets scenario's length")
     ap.add_argument("--parts", default="latency,sustained,campaign,scenarios", help="comma-separated")
     ap.add_argument("--switch-interval", type=float, default=1e-4, help="sys.setswitchinterval, seconds")
     args = ap.parse_args()
@@ -316,7 +510,11 @@ def main() -> None:
         "campaign": lambda: campaign(args.policy, args.campaign),
         "scenarios": lambda: {"estop_under_noise": estop_under_noise(args.policy, args.repeat),
                               "replug": replug(args.policy, args.repeat),
-                              "enable_outside_range": enable_outside_range(args.policy, args.repeat)},
+                              "enable_outside_range": enable_outside_range(args.policy, args.repeat),
+                              "double_ctrl_c": double_ctrl_c(args.policy, args.repeat),
+                              "two_openers": two_openers(args.policy, args.repeat),
+                              "targets_1khz": targets_1khz(args.policy, args.flood_seconds),
+                              "supply_sag": supply_sag(args.policy, args.repeat)},
     }
     wanted = args.parts.split(",")
     if unknown := set(wanted) - set(parts):
