@@ -157,7 +157,7 @@ class OurSide:
         self.commands, self.replies = ctx.Queue(), ctx.Queue()
         cfg = copy.deepcopy(cfg)
         cfg.run.iterations = 0
-        self.processes = cfg.run.processes if workers.wanted(cfg.run.processes, cfg.run.device, cfg.run.sim) else 1
+        self.processes = cfg.run.processes if workers.wanted(cfg.run) else 1
         self.thread = threading.Thread(target=workers.run, daemon=True,
                                        args=(our_worker, self.processes, cfg, run_dir, self.commands, self.replies))
         self.thread.start()

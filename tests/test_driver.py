@@ -290,11 +290,11 @@ def test_ctrl_c_again_while_parking_turns_torque_off_at_once_without_a_traceback
            "--policy", str(REPO_ROOT / "data" / "policies" / "reach.onnx"), "--target", "0.22", "0.1", "0.15",
            "--hold", "120"]
     # Ctrl-C as a terminal delivers it: Python installs its KeyboardInterrupt handler only where
-    # SIGINT is not inherited ignored, and a test run before this one may leave it ignored here.
+    # SIGINT is not inherited ignored, and a shell without job control starts a background job
+    # (pytest under CI's script, say) with SIGINT ignored, which every child inherits.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    print("SIGINT in the test process:", signal.getsignal(signal.SIGINT))
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     seen: list[str] = []

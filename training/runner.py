@@ -56,9 +56,15 @@ class RunCfg:
         if self.sim not in ("embedded", "isaaclab"):
             raise ValueError(f"run.sim: '{self.sim}', expected 'embedded' or 'isaaclab'")
 
-    def local_envs(self, world: int, device: torch.device) -> int:
+    @property
+    def cpu_workers(self) -> bool:
+        """Whether the run is split over its own CPU worker processes: more than one asked for,
+        on a CPU, for the embedded simulator (Isaac Lab runs its own)."""
+        return self.processes > 1 and self.device == "cpu" and self.sim == "embedded"
+
+    def local_envs(self, world: int) -> int:
         """This process's environments: its share where the run's own CPU workers split them."""
-        return self.num_envs // world if self.processes > 1 and device.type == "cpu" else self.num_envs
+        return self.num_envs // world if self.cpu_workers else self.num_envs
 
 
 @dataclass
@@ -163,14 +169,14 @@ class Runner:
         self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
         self.dist, device = init_distributed(cfg.run.device)
         self.device = torch.device(device)
-        if self.dist.world > 1 and cfg.run.processes > 1 and self.device.type == "cpu":
+        if self.dist.world > 1 and cfg.run.cpu_workers:
             if cfg.run.processes != self.dist.world:
                 raise config.ConfigError(f"run.processes: {cfg.run.processes} worker processes in a group of "
                                          f"{self.dist.world} (under torchrun, set run.processes=1)")
             torch.set_num_threads(workers.threads_per_worker(cfg.run.threads, cfg.run.processes))
         elif cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
-        self.num_envs = cfg.run.local_envs(self.dist.world, self.device)
+        self.num_envs = cfg.run.local_envs(self.dist.world)
         seed = cfg.run.seed + 1000 * self.dist.rank
         torch.manual_seed(seed)
         if task is None:

@@ -73,7 +73,7 @@ def train(config_path: Path, overrides: dict[str, Any], resume_path: Path | None
     resume = checkpoint.load(resume_path) if resume_path is not None else None
     cfg, task = load_cfg(config_path, overrides, resume)
     run_dir = run_dir or run_dir_for(cfg, resume)
-    if workers.wanted(cfg.run.processes, cfg.run.device, cfg.run.sim):
+    if workers.wanted(cfg.run):
         return workers.run(train, cfg.run.processes, config_path, overrides, resume_path, progress, run_dir)
     t0 = time.time()
     runner = Runner(cfg, run_dir, resume, progress=progress, task=task)

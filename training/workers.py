@@ -19,11 +19,11 @@ import traceback
 from typing import Any, Callable
 
 
-def wanted(processes: int, device: str, sim: str) -> bool:
-    """Whether this process should start workers: more than one asked for, on a CPU, for the
-    embedded simulator (Isaac Lab runs its own), and not already inside a process group (a
-    worker, or a torchrun rank)."""
-    return processes > 1 and device == "cpu" and sim == "embedded" and "WORLD_SIZE" not in os.environ
+def wanted(run) -> bool:
+    """Whether this process should start the workers of `run` (a RunCfg): a run split over CPU
+    workers (RunCfg.cpu_workers), and not already inside a process group (a worker, or a
+    torchrun rank)."""
+    return run.cpu_workers and "WORLD_SIZE" not in os.environ
 
 
 def threads_per_worker(threads: int, processes: int) -> int:
