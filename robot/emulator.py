@@ -80,18 +80,21 @@ class ServoBusEmulator:
     def __init__(self, ids: tuple[int, ...] = (1, 2, 3, 4, 5, 6), robot: RobotDescription | None = None,
                  faults: FaultCfg | None = None, seed: int = 0, assembly_offset_ticks: int = 300,
                  q0: list[float] | None = None, compile: bool = False, plant: str = "armsim",
-                 arm: ArmParams | None = None):
+                 arm: ArmParams | None = None, factory: bool = False):
         """`compile`: fuse the physics step with torch.compile (about 15x faster per step,
         some seconds to compile once): real-time physics on a slow machine. `plant`: 'armsim'
         (our training plant) or 'mujoco' (the published MJCF); `arm`: how the armsim arm
-        differs from the nominal one (robot/emulator_physics.py)."""
+        differs from the nominal one (robot/emulator_physics.py). `factory`: servos as they
+        leave the factory, every one at ID 1 (connect one at a time, `attach`, to give each its
+        own, as `lerobot-setup-motors` does)."""
         self.robot = robot or load_robot()
         if len(ids) != len(self.robot.joints):
             raise ValueError(f"{len(ids)} servo ids for {len(self.robot.joints)} joints")
         self.faults = faults or FaultCfg()
         self.rng = random.Random(self.faults.seed)
-        self.joint_of = {sid: j for j, sid in enumerate(ids)}
-        self.servos = {sid: Servo(sid) for sid in ids}
+        self.units = [Servo(1 if factory else sid) for sid in ids]     # one per joint, in joint order
+        self.attached = set(range(len(ids)))                 # the units on the line
+        self._wire()
         # Raw encoder reading at joint angle 0, different per unit and assembly.
         g = random.Random(seed)
         self.zero_raw = [ct.MIDDLE + g.randint(-assembly_offset_ticks, assembly_offset_ticks) for _ in ids]
@@ -139,18 +142,32 @@ class ServoBusEmulator:
         """Set the arm's supply (V): every servo reads it, flags it outside its voltage limits,
         and its motor is driven by it (a sagging supply)."""
         with self._lock:
-            for s in self.servos.values():
+            for s in self.units:
                 s.set("Present_Voltage", round(volts * 10))
             self.plant.command_supply(volts)
+
+    def attach(self, joints: list[str]) -> None:
+        """Which servos are connected to the adapter (by joint name); the others hear nothing."""
+        with self._lock:
+            self.attached = {self.robot.names.index(n) for n in joints}
+            self._wire()
+
+    def _wire(self) -> None:
+        """The servos on the line by the ID each holds now (after an ID write, an attach or a
+        power cycle). Two with one ID on the line: the later joint's answers."""
+        self.servos = {self.units[j].get("ID"): self.units[j] for j in sorted(self.attached)}
+        self.joint_of = {sid: self.units.index(s) for sid, s in self.servos.items()}
+        self._rewire = False
 
     def power_cycle(self) -> None:
         """Switch the arm's supply off and on: every servo's torque off, RAM back to its
         power-up values, EEPROM to what was last written with Lock = 0."""
         with self._lock:
-            for sid, s in self.servos.items():
+            for j, s in enumerate(self.units):
                 s.power_cycle()
-                self.plant.command_torque(self.joint_of[sid], False)
-                self._command_registers(sid)
+                self.plant.command_torque(j, False)
+                self._command_registers(s)
+            self._wire()
 
     # ------------------------------------------------------------ state
     def assemble_as(self, cal: dict) -> None:
@@ -163,11 +180,10 @@ class ServoBusEmulator:
             raise ValueError(f"calibration has no entry for {', '.join(missing)}")
         with self._lock:
             for j, n in enumerate(names):
-                c, sid = cal[n], list(self.joint_of)[j]
+                c, s = cal[n], self.units[j]
                 if c.drive_mode:
                     raise ValueError(f"'{n}': the emulator assembles drive_mode 0 joints only (LeRobot's SO-101)")
                 self.zero_raw[j] = round(c.middle + c.homing_offset) % ct.TICKS
-                s = self.servos[sid]
                 s.set("Homing_Offset", c.homing_offset)
                 s.set("Min_Position_Limit", c.range_min)
                 s.set("Max_Position_Limit", c.range_max)
@@ -183,8 +199,7 @@ class ServoBusEmulator:
         """Answer from the plant's latest state from now on (lock held). A drive the overcurrent
         cut-out turned off reads Torque_Enable 0 from then on: the host turns it on again."""
         self._now = self.plant.state()
-        for sid, s in self.servos.items():
-            j = self.joint_of[sid]
+        for j, s in enumerate(self.units):
             if self._now.cut[j] and s.get("Torque_Enable") == 1:
                 s.set("Torque_Enable", 0)
                 self.plant.command_torque(j, False)
@@ -194,9 +209,9 @@ class ServoBusEmulator:
         return self.plant.state().q
 
     def torque_enabled(self) -> list[bool]:
-        """Each servo's Torque_Enable register, in id order."""
+        """Each servo's Torque_Enable register, in joint order."""
         with self._lock:
-            return [s.get("Torque_Enable") == 1 for s in self.servos.values()]
+            return [s.get("Torque_Enable") == 1 for s in self.units]
 
     def wait(self, sim_seconds: float) -> bool:
         """Until the arm's simulated clock has advanced by sim_seconds (any machine speed)."""
@@ -277,6 +292,8 @@ class ServoBusEmulator:
                             self._handle(packet)
                         except (IndexError, KeyError, ValueError):
                             self.counters["malformed"] += 1   # a servo ignores what it cannot parse
+                        if self._rewire:                      # an ID written: answers at it from the next packet
+                            self._wire()
                     if len(buf) < 2:
                         partial_since = None
                     elif len(buf) < size or partial_since is None:   # a new packet has begun
@@ -387,6 +404,7 @@ class ServoBusEmulator:
             s.save()                                      # unlocked: kept across a power cycle
         j = self.joint_of[sid]
         touched = range(addr, addr + len(data))
+        self._rewire |= ct.STS3215["ID"].address in touched
         goal_written = ct.STS3215["Goal_Position"].address in touched
         if ct.STS3215["Torque_Enable"].address in touched:
             on = s.get("Torque_Enable") == 1
@@ -398,13 +416,13 @@ class ServoBusEmulator:
         if goal_written:
             self.plant.command_goal(j, self._goal_to_rad(sid, s.get("Goal_Position")))
         if any(ct.STS3215[name].address in touched for name in (*PHYSICS_REGISTERS, *PROTECTION_REGISTERS)):
-            self._command_registers(sid)
+            self._command_registers(s)
         for hook in self.write_hooks:
             hook()
 
-    def _command_registers(self, sid: int) -> None:
+    def _command_registers(self, s: Servo) -> None:
         """The servo's control and cut-out registers, as written, into its joint's physics."""
-        s, j = self.servos[sid], self.joint_of[sid]
+        j = self.units.index(s)
         self.plant.command_registers(j, ServoRegisters(
             **{field: s.get(name) for name, field in PHYSICS_REGISTERS.items()}))
         self.plant.command_protection(j, [s.get(name) for name in PROTECTION_REGISTERS])

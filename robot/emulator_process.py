@@ -16,11 +16,12 @@ class EmulatorProcess:
             FeetechBus(emu.port, ids) ...; emu.unplug(); emu.kill()
     """
 
-    def __init__(self, calibration: str | os.PathLike, seed: int = 0, args: tuple[str, ...] = (),
+    def __init__(self, calibration: str | os.PathLike | None, seed: int = 0, args: tuple[str, ...] = (),
                  timeout: float = 300.0, calibrate: bool = True):
         """args: more `soarm emulate` options, e.g. ("--no-compile",) or ("--drop", "0.02").
         calibrate: write `calibration` (a new file); False: assemble the arm as that existing
-        file describes (the same arm again, e.g. after a simulated replug)."""
+        file describes (the same arm again, e.g. after a simulated replug). `calibration` None:
+        an arm no one has calibrated yet."""
         import json
         import subprocess
         import sys
@@ -31,8 +32,9 @@ class EmulatorProcess:
         self._dir = tempfile.TemporaryDirectory(prefix="soarm-emulator-")
         ready = Path(self._dir.name) / "ready.json"
         self._log = open(Path(self._dir.name) / "output.log", "w+")
-        cmd = [sys.executable, "-m", "soarm.cli", "emulate", "--quiet", "--seed", str(seed),
-               "--calibrate" if calibrate else "--calibration", str(calibration), "--ready-file", str(ready), *args]
+        cal_args = () if calibration is None else ("--calibrate" if calibrate else "--calibration", str(calibration))
+        cmd = [sys.executable, "-m", "soarm.cli", "emulate", "--quiet", "--seed", str(seed), *cal_args,
+               "--ready-file", str(ready), *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + timeout
         while not ready.exists():

@@ -11,6 +11,7 @@ import pytest
 
 from soarm import REPO_ROOT
 from soarm.calibration.calibration import RAD_PER_TICK, check_home, load, save, ticks_to_rad
+from soarm.robot.emulator import ServoBusEmulator
 from soarm.robot.emulator_process import EmulatorProcess
 from tests.helpers import wait_until
 
@@ -68,14 +69,17 @@ def test_lerobot_connects_with_its_file_written_while_locked_pings_and_reads_deg
     assert got["registers"] == {"Max_Torque_Limit": 500, "Protection_Current": 250, "Overload_Torque": 25}
 
 
-def test_lerobot_recalibrates_an_already_calibrated_arm_with_the_emulated_operator(lerobot_python, tmp_path, robot):
-    """LeRobot resets the offsets, reads the middle pose and writes new offsets within a few
-    ms of its prompt: the operator polling every 20 ms missed it (4 failures in 6, once a
-    wrapped range 13..4094). The file it writes must pass our checks."""
+@pytest.mark.parametrize("fresh", [False, True], ids=["calibrated", "fresh"])
+def test_lerobot_calibrates_with_the_emulated_operator(lerobot_python, tmp_path, robot, fresh):
+    """lerobot-calibrate's procedure on an arm calibrated before ('c' to redo it) and on one
+    never calibrated. LeRobot resets the offsets, reads the middle pose and writes new offsets
+    within a few ms of its prompt: the operator polling every 20 ms missed it (4 failures in
+    6, once a wrapped range 13..4094). The file it writes must pass our checks."""
     cal_file = tmp_path / "arm.json"
-    with EmulatorProcess(cal_file, seed=4, args=("--no-compile", "--operator")) as emu:
+    with EmulatorProcess(None if fresh else cal_file, seed=4, args=("--no-compile", "--operator")) as emu:
+        assert cal_file.exists() != fresh
         t0 = time.monotonic()
-        got = run_client(lerobot_python, emu.port, tmp_path, "recalibrate", "c\n\n",
+        got = run_client(lerobot_python, emu.port, tmp_path, "recalibrate", "\n" if fresh else "c\n\n",
                          then=lambda: any("operator: sweep done" in line for line in emu.output))
         assert any("operator: holding the arm in the middle pose" in line for line in emu.output)
     assert got["is_calibrated"], time.monotonic() - t0
@@ -86,3 +90,39 @@ def test_lerobot_recalibrates_an_already_calibrated_arm_with_the_emulated_operat
         span = (cal[name].range_max - cal[name].range_min) * RAD_PER_TICK
         assert abs(span - (joint.upper - joint.lower)) < 0.1, (name, cal[name])
     assert (cal["wrist_roll"].range_min, cal["wrist_roll"].range_max) == (0, 4095)
+
+
+def test_lerobot_setup_motors_gives_factory_servos_their_ids_one_at_a_time(lerobot_python):
+    """lerobot-setup-motors' procedure (SO101Follower.setup_motors): six servos as they leave
+    the factory, all at ID 1, connected one at a time when LeRobot asks; it finds each with a
+    broadcast ping, then writes its ID and baud rate. Broadcast PING went unanswered, and
+    LeRobot reported "Motor 'gripper' ... was not found"."""
+    import threading
+
+    with ServoBusEmulator(factory=True) as emu:
+        emu.attach([])
+        proc = subprocess.Popen([lerobot_python, str(HERE / "client.py"), emu.port, "/tmp", "setup"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        asked = []
+
+        def person() -> None:                         # plugs in the motor asked for, presses Enter
+            for line in proc.stdout:
+                if "Connect the controller board to the '" in line:
+                    asked.append(line.split("'")[1])
+                    emu.attach([asked[-1]])
+                    proc.stdin.write("\n")
+                    proc.stdin.flush()
+                elif line.startswith("{"):
+                    asked.append(json.loads(line))
+        threading.Thread(target=person, daemon=True).start()
+        try:
+            assert proc.wait(timeout=120) == 0, proc.stderr.read()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert asked[:-1] == ["gripper", "wrist_roll", "wrist_flex", "elbow_flex", "shoulder_lift", "shoulder_pan"]
+        assert asked[-1]["ids"] == {n: i + 1 for i, n in enumerate(reversed(asked[:-1]))}
+        emu.attach(list(emu.robot.names))
+        emu.power_cycle()                              # the IDs were written unlocked: they stay
+        assert sorted(emu.servos) == [1, 2, 3, 4, 5, 6]
+        assert [emu.joint_of[sid] for sid in range(1, 7)] == list(range(6))

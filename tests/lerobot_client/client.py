@@ -4,6 +4,7 @@ keyboard (Enter, or 'c' to recalibrate), as in `lerobot-calibrate`. Prints one J
 
     python client.py PORT CALIBRATION_DIR connect        # the file's calibration, then read and hold
     python client.py PORT CALIBRATION_DIR recalibrate    # LeRobot's calibration procedure again
+    python client.py PORT CALIBRATION_DIR setup          # lerobot-setup-motors: one motor at a time
 """
 
 import json
@@ -30,6 +31,16 @@ def main() -> None:
         out["sent"] = len(sent)
         out["registers"] = {r: robot.bus.read(r, "gripper", normalize=False)
                             for r in ("Max_Torque_Limit", "Protection_Current", "Overload_Torque")}
+    elif mode == "setup":
+        # lerobot-setup-motors' own steps; each prompt ends its line, so the test sees it whole.
+        import builtins
+        ask = builtins.input
+        builtins.input = lambda prompt="": (print(prompt, flush=True), ask())[1]
+        robot.setup_motors()
+        out["ids"] = {m: robot.bus.motors[m].id for m in robot.bus.motors}
+        robot.bus.disconnect(disable_torque=False)
+        print(json.dumps(out))
+        return
     else:
         robot.connect(calibrate=False)
         robot.calibrate()                      # 'c': the whole procedure, the emulated operator at the arm
