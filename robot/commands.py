@@ -14,7 +14,10 @@ def register(sub) -> None:
     from soarm.robot.emulate import EmulateCfg
     from soarm.robot.emulator import FaultCfg
 
-    p = sub.add_parser("emulate", help="a simulated SO-101 servo bus on a pseudo-terminal")
+    p = sub.add_parser("emulate", help="a simulated SO-101 servo bus on a pseudo-terminal",
+                       description="A simulated SO-101 servo bus on a pseudo-terminal. Ctrl-C or SIGTERM "
+                                   "stops it; SIGUSR1 pulls the adapter out (kill -USR1 PID: the port stops "
+                                   "answering, as an unplugged arm).")
     config.add_flags(p, EmulateCfg, skip=("faults", "calibrate", "calibration"))
     cal = p.add_mutually_exclusive_group()
     cal.add_argument("--calibrate", type=Path, default=None, metavar="FILE",
