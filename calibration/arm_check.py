@@ -9,6 +9,7 @@ RMS error (mrad), then the mean over the logs:
     soarm arm-check data/sage_so101/*                     # the project's default model of the arm
     soarm arm-check LOG... --arm nominal                  # the servo model, no identification
     soarm arm-check LOG... --arm runs/sysid/mine/arm.yaml --out report.json --plot plots/
+    soarm arm-check ~/.cache/huggingface/lerobot/me/my_dataset   # a LeRobot dataset: each episode
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ import torch
 
 from soarm import CONFIG_DIR, config
 from soarm.arm_params import ArmParams, load_arm
+from soarm.calibration.calibration import range_mode
 from soarm.calibration.sysid import Candidates, nominal, replay_rms
 from soarm.calibration.windows import Windows, as_recorded, whole_logs
 from soarm.description import RobotDescription, load_robot
 from soarm.files import atomic_write
-from soarm.logs import read_motion
+from soarm.logs import read_motions
 from soarm.reach import ReachCfg
 from soarm.servo import ServoConfig
 
@@ -41,6 +43,9 @@ class ArmCheckCfg:
     out: Path | None = None        # a JSON report: per log and joint, RMS and the replayed traces' summary
     plot: Path | None = None       # a folder: one PNG per log, model against arm per joint
     compile: bool = False          # torch.compile the physics (pays off from a few minutes of logs)
+    # A LeRobot dataset recorded with use_degrees off (-100..100 per joint): the calibration
+    # file it was recorded with. Default: LeRobot 0.6's degrees.
+    lerobot_calibration: Path | None = None
 
 
 @dataclass
@@ -84,7 +89,8 @@ def arm_check(logs: list[Path], cfg: ArmCheckCfg, say: Callable[[str], None] = p
     task = config.load(ReachCfg, cfg.task)
     robot = load_robot()
     arm, what = the_arm(cfg.arm, task, robot)
-    motions = [read_motion(p) for p in logs]
+    to_rad = None if cfg.lerobot_calibration is None else range_mode(cfg.lerobot_calibration)
+    motions = [m for p in logs for m in read_motions(p, to_rad)]      # a LeRobot dataset: each episode
     servo = as_recorded(config.load(ServoConfig, CONFIG_DIR / task.servo), motions)
     windows = whole_logs(motions, robot, task.physics_dt)
     progress(f"arm-check: {len(motions)} log(s), {float(sum(m.t[-1] for m in motions)):.0f} s of motion, "

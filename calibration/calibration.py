@@ -56,6 +56,20 @@ def rad_to_ticks(cal: MotorCalibration, rad: float) -> int:
     return round(cal.middle + rad / RAD_PER_TICK)
 
 
+def range_to_rad(cal: MotorCalibration, value):
+    """LeRobot's -100..100 range value of a joint (its SO-101 with `use_degrees` off) -> rad:
+    the ticks LeRobot 0.6.1's MotorsBus._unnormalize gives for it, through ticks_to_rad."""
+    value = -value if cal.drive_mode else value
+    return ticks_to_rad(cal, (value + 100) / 200 * (cal.range_max - cal.range_min) + cal.range_min)
+
+
+def range_mode(path: str | Path):
+    """`to_rad` for soarm.logs.read_lerobot: a dataset recorded with `use_degrees` off, through
+    the calibration file it was recorded with."""
+    cal = load(path)
+    return lambda joint, values: range_to_rad(cal[joint], values)
+
+
 def load(path: str | Path, motors: list[str] | None = None) -> dict[str, MotorCalibration]:
     """Read and validate a LeRobot calibration file; one-line ConfigError otherwise."""
     path = Path(path)

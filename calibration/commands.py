@@ -47,7 +47,8 @@ def register(sub) -> None:
     p.set_defaults(fn=_sysid)
 
     p = sub.add_parser("arm-check", help="how far a model of the arm is from the arm, on logs of its motion")
-    p.add_argument("logs", nargs="+", type=Path, help="SAGE motion folders, encoder logs (.mcap)")
+    p.add_argument("logs", nargs="+", type=Path,
+                   help="SAGE motion folders, LeRobot datasets (each episode), encoder logs (.mcap)")
     config.add_flags(p, ArmCheckCfg)
     p.set_defaults(fn=_arm_check)
 

@@ -23,7 +23,7 @@ on the other. The servo model replays the same motions beside it. A fit that rep
 held-out motion no better than the servo model says so, with the figures, and writes no arm
 file unless `keep_worse`.
 
-    result = identify([read_motion(p)], robot, task, SysidCfg())
+    result = identify(read_motions(p), robot, task, SysidCfg())
     result.arm                       # ArmParams: `soarm train --set task.arm=FILE`
 """
 
@@ -42,11 +42,12 @@ import torch
 
 from soarm import CONFIG_DIR, REPO_ROOT, config
 from soarm.arm_params import JOINT_FIELDS, ArmParams, JointParams
+from soarm.calibration.calibration import range_mode
 from soarm.calibration.search import Scored, SearchCfg, cross_entropy, polish
 from soarm.calibration.windows import Windows, as_recorded, cut_windows, whole_logs
 from soarm.description import RobotDescription, load_robot
 from soarm.files import atomic_write
-from soarm.logs import LogError, MotionLog, read_motion
+from soarm.logs import LogError, MotionLog, read_motions
 from soarm.plant import Drive, SimPlant, play
 from soarm.reach import ReachCfg, full_pose
 from soarm.servo import ServoConfig, ServoParams
@@ -64,6 +65,9 @@ class SysidCfg:
     windows_per_log: int = 0           # > 0: at most this many of each log's windows, evenly spread
     folds: int = 5                     # leave-motions-out groups for the held-out error (several logs)
     keep_worse: bool = False           # write the arm file even when it replays held-out motion worse
+    # A LeRobot dataset recorded with use_degrees off (-100..100 per joint): the calibration
+    # file it was recorded with. Default: LeRobot 0.6's degrees.
+    lerobot_calibration: Path | None = None
     search: SearchCfg = field(default_factory=SearchCfg)   # its iterations: the first stage's
     refine_iterations: int = 6         # cross-entropy steps of the second stage
     max_latency_ticks: int = 3         # the latency scan's range, control ticks
@@ -480,7 +484,8 @@ def sysid(logs: list[Path], out_dir: Path, cfg: SysidCfg, out: Callable[[str], N
           task_file: Path = CONFIG_DIR / "task" / "reach.yaml") -> SysidResult:
     """`soarm sysid`: fit the logs; write arm.yaml (for training), sysid.json and sysid.png."""
     task = config.load(ReachCfg, task_file)
-    result = identify([read_motion(p) for p in logs], load_robot(), task, cfg, out)
+    to_rad = None if cfg.lerobot_calibration is None else range_mode(cfg.lerobot_calibration)
+    result = identify([m for p in logs for m in read_motions(p, to_rad)], load_robot(), task, cfg, out)
     out_dir = Path(out_dir)
     worse = result.worse_than_nominal()
     if worse and not cfg.keep_worse:

@@ -265,7 +265,7 @@ def _serve(robot, q0, compile, kind, arm, state_arr, cmd_arr, lock, stop, ready)
         guard = cmd[end_regs:-1].reshape(len(PROTECTION), J)
         if drives and cmd[-1] != supply_seen:
             supply_seen = cmd[-1]
-            plant.sim.servo = dataclasses.replace(plant.sim.servo, voltage=supply_seen or servo_volts)
+            plant.supply(supply_seen or servo_volts)
         written[REGISTERS.index("torque_limit")] = protection.torque_limit(written[REGISTERS.index("torque_limit")],
                                                                            guard)
         if drives and (written != registers_seen).any():
@@ -279,7 +279,7 @@ def _serve(robot, q0, compile, kind, arm, state_arr, cmd_arr, lock, stop, ready)
         plant.torque((on & ~protection.cut())[None])
         plant.step(cmd[None, 1:1 + J], dt)
         if drives:
-            duty, current = (x[0] for x in plant.drive())
+            duty, current = (x[0] for x in plant.load_and_current())
             protection.update(t_sim + dt, duty, current, on, guard)
         cost += 0.05 * (time.thread_time() - t_step - cost)
         t_sim += dt

@@ -11,11 +11,12 @@ Encoder logs (MCAP, mcap.dev; ROS 2 bags use it too) hold one JSON channel:
 The writer works on `<name>.tmp` and renames it on close, so a finished log is whole.
 
 `MotionLog` is a recorded motion whatever recorded it (our encoder logs, BAM's servo bench,
-NVIDIA SAGE's real SO-101): the goals a plant is driven with and the angles it must read
-back, in SI units and this project's joint zero.
+NVIDIA SAGE's real SO-101, a LeRobot dataset's episodes): the goals a plant is driven with and
+the angles it must read back, in SI units and this project's joint zero.
 
     log = read_motion("run.mcap")        # or a BAM bench log (.json), or a SAGE motion folder
     log.t, log.goal, log.measured        # [T] s, [T, A] rad, [T, A] rad
+    logs = read_motions("my_dataset/")   # a LeRobot dataset: one MotionLog per episode
 
 Anything unusable raises LogError: one line naming the file and, where it can, the row and
 the field.
@@ -31,6 +32,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -38,6 +40,7 @@ SCHEMA = "1"
 TOPIC = "/soarm/tick"
 METADATA = "soarm.encoder_log"
 TICK_SCHEMA = {"type": "object", "required": ["t", "raw", "q", "decision"]}
+ToRad = Callable[[str, np.ndarray], np.ndarray]     # (joint, a LeRobot dataset's values) -> rad
 
 
 class LogError(ValueError):
@@ -193,6 +196,14 @@ def read_motion(path: str | Path) -> MotionLog:
     if Path(path).is_dir():
         return read_sage(path)
     return read_bam(path) if str(path).endswith(".json") else read_encoder_log(path)
+
+
+def read_motions(path: str | Path, to_rad: ToRad | None = None) -> list[MotionLog]:
+    """The motions in `path`: each episode of a LeRobot dataset (a folder with meta/info.json;
+    `to_rad` as read_lerobot's), or the one motion of any other log (`read_motion`)."""
+    if (Path(path) / "meta" / "info.json").is_file():
+        return read_lerobot(path, to_rad)
+    return [read_motion(path)]
 
 
 def read_encoder_log(path: str | Path) -> MotionLog:
@@ -351,3 +362,100 @@ def _is_float(text: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+# ---------------------------------------------------------------- LeRobot datasets of an SO-101
+# What LeRobot's SO101Follower writes to every servo when it connects (its configure(): P, I, D
+# from its config's defaults, Acceleration 254 by configure_motors); a dataset does not record them.
+LEROBOT_REGISTERS = {"p": 16, "i": 0, "d": 32, "acceleration": 254}
+LEROBOT_FORMAT = "v3."          # the dataset layout LeRobot 0.4 and later write (meta/info.json's codebase_version)
+
+
+def read_lerobot(root: str | Path, to_rad: ToRad | None = None) -> list[MotionLog]:
+    """A LeRobot dataset of an SO-101 follower (format v3: meta/info.json, data/**/*.parquet),
+    one MotionLog per episode: `action` as the goals, `observation.state` as the readings, at
+    the dataset's fps. LeRobot records a frame as it runs it: read the joints (one sync read),
+    then send the action, so each reading precedes its frame's goal. Joint values in degrees
+    (LeRobot 0.6's SO-101 default, `use_degrees`), or, recorded with `use_degrees` off, in a
+    -100..100 range per joint that `to_rad(joint, values)` converts (its calibration file:
+    soarm.calibration.calibration.range_mode); nothing in the files says which. The gripper
+    (a 0-100 range) is left out. Needs pyarrow."""
+    root = Path(root)
+    info_path = root / "meta" / "info.json"
+    try:
+        info = json.loads(info_path.read_text())
+    except OSError as e:
+        raise LogError(info_path, f"cannot read ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise LogError(info_path, f"not valid JSON (line {e.lineno}: {e.msg})") from None
+    version = str(info.get("codebase_version", "")) if isinstance(info, dict) else ""
+    if not version.startswith(LEROBOT_FORMAT):
+        raise LogError(info_path, f"LeRobot dataset format {version or 'unknown'}; this reads v3 "
+                                  "(LeRobot 0.4 and later; `lerobot-edit-dataset` converts older ones)")
+    fps = info.get("fps")
+    if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps > 0:
+        raise LogError(info_path, f"fps is {fps!r}, expected a positive number", field="fps")
+    features = info.get("features") if isinstance(info.get("features"), dict) else {}
+    arm = SAGE_JOINTS[:-1]
+    columns = {}
+    for key in ("action", "observation.state"):
+        names = (features.get(key) or {}).get("names") if isinstance(features.get(key), dict) else None
+        wanted = [f"{joint}.pos" for joint in arm]
+        if not isinstance(names, list) or any(w not in names for w in wanted):
+            raise LogError(info_path, f"feature '{key}' names {names!r}; an SO-101 dataset names "
+                                      f"{', '.join(wanted)}", field=key)
+        columns[key] = [names.index(w) for w in wanted]
+    table = _lerobot_table(root, ("episode_index", "timestamp", "action", "observation.state"))
+    episodes = table["episode_index"]
+    logs = []
+    for episode in np.unique(episodes):
+        rows = np.flatnonzero(episodes == episode)
+        rows = rows[np.argsort(table["timestamp"][rows], kind="stable")]
+        t = table["timestamp"][rows]
+        source = f"{root}/episode_{int(episode):06d}"
+        goal = _lerobot_rad(table["action"][rows][:, columns["action"]], arm, to_rad)
+        measured = _lerobot_rad(table["observation.state"][rows][:, columns["observation.state"]], arm, to_rad)
+        for name, values in (("action", goal), ("observation.state", measured)):
+            bad = np.flatnonzero(~np.isfinite(values).all(axis=1))
+            if bad.size:
+                raise LogError(source, "not finite", int(bad[0]), name)
+        logs.append(MotionLog(source, list(arm), t - t[0], goal, measured, np.ones(len(t), dtype=bool),
+                              float(fps), rig={"source": "LeRobot dataset", "registers": dict(LEROBOT_REGISTERS),
+                                               "robot_type": info.get("robot_type")}))
+    return logs
+
+
+def _lerobot_rad(values: np.ndarray, joints: tuple[str, ...], to_rad: ToRad | None) -> np.ndarray:
+    if to_rad is None:
+        return np.radians(values)
+    return np.stack([to_rad(joint, values[:, j]) for j, joint in enumerate(joints)], axis=1)
+
+
+def _lerobot_table(root: Path, columns: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The columns of every data file of a LeRobot dataset, as arrays (lists become [T, n])."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise LogError(root, "reading a LeRobot dataset needs pyarrow (pip install pyarrow)") from None
+    files = sorted((root / "data").glob("**/*.parquet"))
+    if not files:
+        raise LogError(root / "data", "no .parquet files: not a LeRobot dataset's data")
+    parts = {c: [] for c in columns}
+    for path in files:
+        try:
+            table = pq.read_table(path, columns=list(columns))
+        except Exception as e:  # noqa: BLE001 - pyarrow's errors (ArrowInvalid, KeyError for a column, OSError)
+            raise LogError(path, f"unreadable ({type(e).__name__}: {str(e).splitlines()[0][:100]})") from None
+        for c in columns:
+            column = table.column(c).to_pylist()
+            try:
+                parts[c].append(np.asarray(column, dtype=float))
+            except (TypeError, ValueError):
+                raise LogError(path, "values of unequal length or not numbers", field=c) from None
+    out = {}
+    for c in columns:
+        try:
+            out[c] = np.concatenate(parts[c])
+        except ValueError:
+            raise LogError(root / "data", "files disagree on the length of each value", field=c) from None
+    return out

@@ -16,6 +16,7 @@ of `dt`; `step` takes the nearest whole number for `seconds`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -171,7 +172,11 @@ class SimPlant(Plant):
     def measured(self) -> np.ndarray:
         return self.sim.measured().double().numpy()
 
-    def drive(self) -> tuple[np.ndarray, np.ndarray]:
+    def supply(self, volts: float) -> None:
+        """Every servo's supply from now on (V): the motor drives with it."""
+        self.sim.servo = dataclasses.replace(self.sim.servo, voltage=volts)
+
+    def load_and_current(self) -> tuple[np.ndarray, np.ndarray]:
         """Each servo's PWM duty last step (signed fraction of full; 0 with torque off) and its
         motor current (A), [N, J]: what the servo reports as Present_Load and Present_Current."""
         sim = self.sim

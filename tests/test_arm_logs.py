@@ -122,3 +122,99 @@ def test_the_default_model_is_the_arm_identified_on_sage_and_nominal_stays_the_s
         assert cli.main(["arm-check", str(SAGE / "ramp_motion")] + ([] if arm is None else ["--arm", arm])) == 0
         means[arm] = float(capsys.readouterr().out.strip().splitlines()[-1].split()[1])
     assert means[None] == means["configs/arm/so101_sage.yaml"] < 0.5 * means["nominal"], means
+
+
+# ---------------------------------------------------------------- LeRobot datasets
+LEROBOT_NAMES = [f"{j}.pos" for j in SAGE_JOINTS]
+
+
+def write_lerobot(root, episodes=2, frames=40, version="v3.0", names=LEROBOT_NAMES, action=None):
+    """A LeRobot v3 dataset's layout as LeRobot writes it (meta/info.json, one parquet data
+    file); tests/test_lerobot_client.py reads one LeRobot's own code wrote."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "meta").mkdir(parents=True)
+    (root / "data" / "chunk-000").mkdir(parents=True)
+    feature = {"dtype": "float32", "shape": [len(names)], "names": names}
+    (root / "meta" / "info.json").write_text(json.dumps({
+        "codebase_version": version, "robot_type": "so101_follower", "fps": 30,
+        "features": {"action": feature, "observation.state": feature}}))
+    ep = np.repeat(np.arange(episodes), frames)
+    k = np.tile(np.arange(frames), episodes)
+    state = np.stack([10.0 * np.sin(k / 7 + j) for j in range(len(names))], axis=1)
+    act = state + 1.0 if action is None else action(state)
+    pq.write_table(pa.table({"episode_index": ep, "frame_index": k, "timestamp": (k / 30).astype(np.float32),
+                             "action": act.astype(np.float32).tolist(),
+                             "observation.state": state.astype(np.float32).tolist()}),
+                   root / "data" / "chunk-000" / "file-000.parquet")
+    return root
+
+
+def test_a_lerobot_dataset_reads_as_one_motion_per_episode_in_radians(tmp_path):
+    from soarm.logs import read_motions
+
+    logs = read_motions(write_lerobot(tmp_path / "ds"))
+    assert [log.source.rsplit("/", 1)[1] for log in logs] == ["episode_000000", "episode_000001"]
+    log = logs[1]
+    assert log.joints == list(SAGE_JOINTS[:5]) and log.rate_hz == 30 and len(log.t) == 40   # no gripper
+    assert np.allclose(log.t, np.arange(40) / 30, atol=1e-6)
+    k = np.arange(40)
+    assert np.allclose(np.degrees(log.measured[:, 2]), 10 * np.sin(k / 7 + 2), atol=1e-4)
+    assert np.allclose(np.degrees(log.goal - log.measured), 1.0, atol=1e-4)
+    assert log.rig["registers"] == {"p": 16, "i": 0, "d": 32, "acceleration": 254}    # what LeRobot writes
+
+
+@pytest.mark.parametrize("case, words", [
+    ("old_format", "LeRobot dataset format v2.1; this reads v3"),
+    ("no_arm_names", "feature 'action' names"),
+    ("nan", "episode_000000: row 3, field 'action': not finite"),
+    ("no_data", "no .parquet files"),
+    ("garbage", "file-000.parquet: unreadable"),
+    ("bad_json", "info.json: not valid JSON"),
+])
+def test_a_broken_lerobot_dataset_is_one_line_and_stays_as_it_was(tmp_path, case, words):
+    from soarm.logs import read_lerobot
+
+    root = tmp_path / "ds"
+
+    def nan_at_3(state):
+        out = state + 1.0
+        out[3, 0] = np.nan
+        return out
+    write_lerobot(root, version="v2.1" if case == "old_format" else "v3.0",
+                  names=[f"motor_{i}" for i in range(6)] if case == "no_arm_names" else LEROBOT_NAMES,
+                  action=nan_at_3 if case == "nan" else None)
+    data = root / "data" / "chunk-000" / "file-000.parquet"
+    if case == "no_data":
+        data.unlink()
+    elif case == "garbage":
+        data.write_bytes(b"PAR1 not really")
+    elif case == "bad_json":
+        (root / "meta" / "info.json").write_text("{")
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    with pytest.raises(LogError) as e:
+        read_lerobot(root)
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+
+
+def test_a_lerobot_dataset_in_range_mode_reads_through_its_calibration(tmp_path, capsys):
+    """use_degrees off: LeRobot's -100..100 per joint (MotorsBus._normalize, 0.6.1; drive_mode
+    flips it), back to radians through the calibration file: `--lerobot-calibration`."""
+    from soarm.calibration.calibration import MotorCalibration, range_mode, save, ticks_to_rad
+    from soarm.logs import read_lerobot
+
+    cal = {n: MotorCalibration(i + 1, int(n == "elbow_flex"), 0, 1000 + 10 * i, 3000 - 10 * i)
+           for i, n in enumerate(SAGE_JOINTS)}
+    save(cal, tmp_path / "cal.json")
+    root = write_lerobot(tmp_path / "ds")
+    logs = read_lerobot(root, range_mode(tmp_path / "cal.json"))
+    state = np.degrees(read_lerobot(root)[0].measured)                  # the -100..100 values as written
+    for j, name in enumerate(SAGE_JOINTS[:5]):
+        c = cal[name]
+        norm = -state[:, j] if c.drive_mode else state[:, j]
+        ticks = (norm + 100) / 200 * (c.range_max - c.range_min) + c.range_min
+        assert np.allclose(logs[0].measured[:, j], ticks_to_rad(c, ticks), atol=1e-9), name
+    assert cli.main(["arm-check", str(root), "--lerobot-calibration", str(tmp_path / "cal.json")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("mean ")

@@ -126,3 +126,30 @@ def test_lerobot_setup_motors_gives_factory_servos_their_ids_one_at_a_time(lerob
         emu.power_cycle()                              # the IDs were written unlocked: they stay
         assert sorted(emu.servos) == [1, 2, 3, 4, 5, 6]
         assert [emu.joint_of[sid] for sid in range(1, 7)] == list(range(6))
+
+
+def test_a_lerobot_dataset_recorded_on_the_emulated_arm_reads_and_replays(lerobot_python, tmp_path, robot):
+    """A dataset written by LeRobot's own code (its record loop in miniature: read, send, add the
+    frame; two episodes of sine waves at 30 Hz) on the emulated arm: `read_lerobot` gives each
+    episode in radians, and `soarm arm-check` replays it on the model the emulator runs (the
+    task's arm) closer than on the bare servo model."""
+    import numpy as np
+
+    from soarm.calibration.arm_check import NOMINAL, ArmCheckCfg, arm_check
+    from soarm.logs import read_lerobot, read_motions
+
+    cal_file = tmp_path / "arm.json"
+    with EmulatorProcess(cal_file, seed=4) as emu:               # compiled physics: real time on a busy machine
+        got = run_client(lerobot_python, emu.port, tmp_path, "record", "")
+    root = tmp_path / "dataset"
+    logs = read_lerobot(root)
+    assert [log.source for log in read_motions(root)] == [log.source for log in logs]
+    assert len(logs) == 2 and all(log.rate_hz == 30 and len(log.t) == 120 for log in logs)
+    assert logs[0].joints == list(ARM) and logs[0].rig["registers"]["acceleration"] == 254
+    assert np.allclose(np.degrees(logs[0].measured[0]), got["first"]["observation"], atol=1e-4)
+    assert np.allclose(np.degrees(logs[0].goal[0]), got["first"]["action"], atol=1e-4)
+    assert np.ptp(logs[1].measured, axis=0).min() > 0.2                  # every joint moved
+    model = arm_check([root], ArmCheckCfg(), say=lambda line: None)
+    bare = arm_check([root], ArmCheckCfg(arm=NOMINAL), say=lambda line: None)
+    assert model.per_log.mean() < 10.0, (model.lines(), got["late_s"])
+    assert model.per_log.mean() < bare.per_log.mean(), (model.lines(), bare.lines())

@@ -6,5 +6,6 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="$("$here/../../soarm/py312_venv.sh" lerobot "$here/requirements.txt" "LeRobot 0.6.1" \
-    "from lerobot.robots.so_follower import SO101Follower" | tail -1)"
+    "from lerobot.robots.so_follower import SO101Follower; from lerobot.datasets.lerobot_dataset import LeRobotDataset" \
+    | tail -1)"
 echo "$venv/bin/python"
