@@ -50,12 +50,18 @@ def run_client(python: str, port: str, cal_dir, mode: str, keys: str, then=None)
     return json.loads(last[last.index("{"):])
 
 
-def test_lerobot_connects_with_its_file_written_while_locked_pings_and_reads_degrees(lerobot_python, tmp_path, robot):
-    """The file differs from what the servos hold: LeRobot writes it without unlocking the
-    EEPROM (Lock = 1), which a servo applies (the emulator dropped it, and LeRobot read
-    shoulder_lift at 111.5 deg); its broadcast ping finds the six servos."""
+@pytest.mark.parametrize("fresh", [False, True], ids=["calibrated", "fresh"])
+def test_lerobot_connects_with_its_file_written_while_locked_pings_and_reads_degrees(lerobot_python, tmp_path, robot,
+                                                                                     fresh):
+    """The provided-file path: the file differs from what the servos hold (one limit on an arm
+    calibrated before; everything on one fresh from the factory). LeRobot writes it without
+    unlocking the EEPROM (Lock = 1), which a servo applies (the emulator dropped it, and
+    LeRobot read shoulder_lift at 111.5 deg); its broadcast ping finds the six servos."""
     cal_file = tmp_path / "arm.json"
-    with EmulatorProcess(cal_file, seed=4, args=("--no-compile",)) as emu:
+    if fresh:
+        with EmulatorProcess(cal_file, seed=4, args=("--no-compile",)):
+            pass                                      # this arm's file, from a calibration of it
+    with EmulatorProcess(None if fresh else cal_file, seed=4, args=("--no-compile",)) as emu:
         cal = load(cal_file)
         shifted = {**cal, "elbow_flex": type(cal["elbow_flex"])(**{**vars(cal["elbow_flex"]),
                                                                     "range_min": cal["elbow_flex"].range_min + 6})}
