@@ -229,6 +229,15 @@ def read_encoder_log(path: str | Path) -> MotionLog:
                      np.array([k.goal_sent is not None for k in ticks]), rate, rig={"header": header})
 
 
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        raise LogError(path, f"cannot read ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise LogError(path, f"not valid JSON (line {e.lineno}: {e.msg})") from None
+
+
 BAM_COLUMNS = ("timestamp", "goal_position", "position", "input_volts", "torque_enable")
 
 
@@ -236,12 +245,7 @@ def read_bam(path: str | Path) -> MotionLog:
     """A servo bench log in BAM's format (data/real_servo_logs/README.md): one servo swinging a
     point mass under gravity. The rig: motor (servo type), kp, mass (kg), length (m), vin (V)."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as e:
-        raise LogError(path, f"cannot read ({e.strerror})") from None
-    except json.JSONDecodeError as e:
-        raise LogError(path, f"not valid JSON (line {e.lineno}: {e.msg})") from None
+    raw = _read_json(path)
     if not isinstance(raw, dict) or not isinstance(raw.get("entries"), list):
         raise LogError(path, "not a servo bench log (no 'entries' list)")
     rig = {}
@@ -382,12 +386,7 @@ def read_lerobot(root: str | Path, to_rad: ToRad | None = None) -> list[MotionLo
     (a 0-100 range) is left out. Needs pyarrow."""
     root = Path(root)
     info_path = root / "meta" / "info.json"
-    try:
-        info = json.loads(info_path.read_text())
-    except OSError as e:
-        raise LogError(info_path, f"cannot read ({e.strerror})") from None
-    except json.JSONDecodeError as e:
-        raise LogError(info_path, f"not valid JSON (line {e.lineno}: {e.msg})") from None
+    info = _read_json(info_path)
     version = str(info.get("codebase_version", "")) if isinstance(info, dict) else ""
     if not version.startswith(LEROBOT_FORMAT):
         raise LogError(info_path, f"LeRobot dataset format {version or 'unknown'}; this reads v3 "
