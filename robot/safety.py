@@ -164,7 +164,9 @@ class SafetyLayer:
         """A polled servo status; a fault trips the layer (next decision: torque off)."""
         if self.servo_faults(error_bits, temperature):
             bits = error_bits & FATAL_BITS
-            self._trip(f"servo_{sid}_error_0x{error_bits:02x}" if bits else f"servo_{sid}_overheat_{temperature}C", [])
+            named = "_".join(name.replace(" ", "_") for name in fatal_faults(error_bits))   # e.g. _input_voltage
+            self._trip(f"servo_{sid}_error_0x{error_bits:02x}_{named}" if bits else f"servo_{sid}_overheat_{temperature}C",
+                       [])
 
     def implausible_status(self, sid: int) -> None:
         """A servo reported, twice running, a supply or temperature no working servo reports."""
