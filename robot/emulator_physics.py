@@ -25,9 +25,8 @@ plant's servo model joint by joint, and the firmware's overload and overcurrent 
 (robot/servo_protection.py) watches its duty and current; the MJCF's actuators are its own
 and ignore both (it reports no load or current).
 
-Shared memory layout (float64): state = [seq, time_s, lag_s, q[J], qd[J], duty[J], current[J],
-status[J], cut[J]]; commands = [place_seq, goal[J], torque[J], place_q[J], registers[REGISTERS][J],
-protection[PROTECTION][J], supply_v] (supply_v 0: the servo model's own voltage).
+Shared memory (float64), laid out by `Shared`: the state the physics publishes and the
+commands the bus side writes.
 """
 
 from __future__ import annotations
@@ -59,7 +58,33 @@ CATCH_UP_S = 0.3             # s: the longest stall a plant running twice real t
 START_TIMEOUT_S = 300.0      # torch import, first rest-pose settle (cached after), compile
 PLANTS = ("armsim", "mujoco")
 REGISTERS = ("p", "d", "i", "acceleration", "torque_limit")     # ServoRegisters' per-joint fields
-STATE_ROWS = 6               # per joint: q, qd, duty, current, status, cut
+
+
+class Shared:
+    """Named views of one flat float64 array shared by the two processes, in a fixed order."""
+
+    def __init__(self, flat: np.ndarray, fields: list[tuple[str, tuple[int, ...]]]):
+        at = 0
+        for name, shape in fields:
+            n = int(np.prod(shape))
+            setattr(self, name, flat[at:at + n].reshape(shape))
+            at += n
+
+    @staticmethod
+    def size(fields: list[tuple[str, tuple[int, ...]]]) -> int:
+        return sum(int(np.prod(shape)) for _, shape in fields)
+
+
+def state_fields(J: int) -> list[tuple[str, tuple[int, ...]]]:
+    """What the physics publishes after every step."""
+    return [("seq", (1,)), ("time_s", (1,)), ("lag_s", (1,)), ("q", (J,)), ("qd", (J,)), ("duty", (J,)),
+            ("current", (J,)), ("status", (J,)), ("cut", (J,))]
+
+
+def command_fields(J: int) -> list[tuple[str, tuple[int, ...]]]:
+    """What the bus side asks of the physics (supply_v 0: the servo model's own voltage)."""
+    return [("place_seq", (1,)), ("goal", (J,)), ("torque", (J,)), ("place_q", (J,)),
+            ("registers", (len(REGISTERS), J)), ("protection", (len(PROTECTION), J)), ("supply_v", (1,))]
 
 
 @dataclass(frozen=True)
@@ -90,8 +115,10 @@ class PlantProcess:
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["torch", "soarm.plant", "soarm.mujoco_arm", "soarm.robot.emulator_physics"])
         J = self.J = len(robot.joints)
-        self._state = ctx.RawArray("d", 3 + STATE_ROWS * J)
-        self._cmd = ctx.RawArray("d", 2 + (3 + len(REGISTERS) + len(PROTECTION)) * J)
+        self._state = ctx.RawArray("d", Shared.size(state_fields(J)))
+        self._cmd = ctx.RawArray("d", Shared.size(command_fields(J)))
+        self._s = Shared(np.frombuffer(self._state, dtype=np.float64), state_fields(J))
+        self._c = Shared(np.frombuffer(self._cmd, dtype=np.float64), command_fields(J))
         self._lock = ctx.Lock()
         self._stop = ctx.Event()
         ready = ctx.Event()
@@ -106,59 +133,45 @@ class PlantProcess:
                 raise RuntimeError(f"emulator physics did not start (exit code {self._proc.exitcode})")
         self._place_seq = 0
 
-    # ------------------------------------------------------------ views on shared memory
-    def _s(self) -> np.ndarray:
-        return np.frombuffer(self._state, dtype=np.float64)
-
-    def _c(self) -> np.ndarray:
-        return np.frombuffer(self._cmd, dtype=np.float64)
-
-    def _goal_view(self) -> np.ndarray:
-        return self._c()[1:1 + self.J]
-
     # ------------------------------------------------------------ bus side
     def state(self) -> PlantState:
         with self._lock:
-            s = self._s().copy()
-        q, qd, duty, current, status, cut = s[3:].reshape(STATE_ROWS, self.J)
-        return PlantState(q.tolist(), qd.tolist(), float(s[1]), float(s[2]), duty.tolist(), current.tolist(),
-                          status.astype(int).tolist(), (cut > 0.5).tolist())
+            s = Shared(np.frombuffer(self._state, dtype=np.float64).copy(), state_fields(self.J))
+        return PlantState(s.q.tolist(), s.qd.tolist(), float(s.time_s[0]), float(s.lag_s[0]), s.duty.tolist(),
+                          s.current.tolist(), s.status.astype(int).tolist(), (s.cut > 0.5).tolist())
 
     def command_goal(self, joint: int, rad: float) -> None:
         with self._lock:
-            self._goal_view()[joint] = rad
+            self._c.goal[joint] = rad
 
     def command_torque(self, joint: int, on: bool) -> None:
         with self._lock:
-            self._c()[1 + self.J + joint] = 1.0 if on else 0.0
+            self._c.torque[joint] = 1.0 if on else 0.0
 
     def command_registers(self, joint: int, registers) -> None:
         """One servo's control registers (a ServoRegisters), as its host wrote them."""
         with self._lock:
-            regs = self._c()[1 + 3 * self.J:1 + (3 + len(REGISTERS)) * self.J].reshape(len(REGISTERS), self.J)
-            regs[:, joint] = [getattr(registers, name) for name in REGISTERS]
+            self._c.registers[:, joint] = [getattr(registers, name) for name in REGISTERS]
 
     def command_protection(self, joint: int, values: list[int]) -> None:
         """One servo's cut-out registers (servo_protection.REGISTERS, in that order), as written."""
         with self._lock:
-            self._c()[1 + (3 + len(REGISTERS)) * self.J:-1].reshape(len(PROTECTION), self.J)[:, joint] = values
+            self._c.protection[:, joint] = values
 
     def command_supply(self, volts: float) -> None:
         """The arm's supply voltage from now on (a sagging supply drives every motor weaker).
         With compiled physics the first change recompiles the step (seconds of frozen arm)."""
         with self._lock:
-            self._c()[-1] = volts
+            self._c.supply_v[0] = volts
 
     def place(self, q: list[float]) -> None:
         """Put the arm at q (rad), at rest; the published state says so at once."""
-        J = self.J
         with self._lock:
             self._place_seq += 1
-            c, s = self._c(), self._s()
-            c[0] = self._place_seq
-            c[1 + 2 * J:1 + 3 * J] = q
-            s[3:3 + J] = q
-            s[3 + J:3 + 2 * J] = 0.0
+            self._c.place_seq[0] = self._place_seq
+            self._c.place_q[:] = q
+            self._s.q[:] = q
+            self._s.qd[:] = 0.0
 
     def wait(self, sim_seconds: float, timeout: float = 120.0) -> bool:
         """Block until the simulated clock has advanced by sim_seconds (tests, scripted
@@ -211,8 +224,9 @@ def _serve(robot, q0, compile, kind, arm, state_arr, cmd_arr, lock, stop, ready)
     plant = build_plant(robot, q0, compile, kind, arm)
     dt = plant.dt
     J = len(robot.names)
-    s = np.frombuffer(state_arr, dtype=np.float64)
-    c = np.frombuffer(cmd_arr, dtype=np.float64)
+    s = Shared(np.frombuffer(state_arr, dtype=np.float64), state_fields(J))
+    shared_cmd = np.frombuffer(cmd_arr, dtype=np.float64)
+    c = Shared(shared_cmd, command_fields(J))
     t_sim, lag, seq, place_seen = 0.0, 0.0, 0, 0.0
     drives = kind == "armsim"                 # our servo model: registers, duty, current, cut-out
     protection = Protection(J)
@@ -221,18 +235,17 @@ def _serve(robot, q0, compile, kind, arm, state_arr, cmd_arr, lock, stop, ready)
     on_before = np.zeros(J, dtype=bool)
 
     def publish() -> None:
-        s[0], s[1], s[2] = seq, t_sim, lag
-        s[3:] = np.concatenate([plant.q[0], plant.qd[0], duty, current, protection.status, protection.cut()])
+        s.seq[0], s.time_s[0], s.lag_s[0] = seq, t_sim, lag
+        s.q[:], s.qd[:], s.duty[:], s.current[:] = plant.q[0], plant.qd[0], duty, current
+        s.status[:], s.cut[:] = protection.status, protection.cut()
 
-    end_regs = 1 + (3 + len(REGISTERS)) * J
-    regs = c[1 + 3 * J:end_regs].reshape(len(REGISTERS), J)
     with lock:
         publish()
-        c[1:1 + J] = s[3:3 + J]
+        c.goal[:] = s.q
         if drives:
-            regs[:] = [[getattr(plant.sim.registers, name)] * J for name in REGISTERS]
-        c[end_regs:-1] = np.repeat([DEFAULTS[name] for name in PROTECTION], J)
-    registers_seen = regs.copy()
+            c.registers[:] = [[getattr(plant.sim.registers, name)] * J for name in REGISTERS]
+        c.protection[:] = [[DEFAULTS[name]] * J for name in PROTECTION]
+    registers_seen = c.registers.copy()
     supply_seen = 0.0
     ready.set()
     t0, last_warn, last_alive = time.monotonic(), -1e9, time.monotonic()
@@ -254,22 +267,21 @@ def _serve(robot, q0, compile, kind, arm, state_arr, cmd_arr, lock, stop, ready)
                 print(f"emulator: the physics cannot keep real time; the simulated clock runs slow "
                       f"({lag:.1f} s behind so far); replies are not delayed", file=sys.stderr, flush=True)
         with lock:
-            cmd = c.copy()
-        if cmd[0] != place_seen:
-            place_seen = cmd[0]
-            plant.reset(cmd[None, 1 + 2 * J:1 + 3 * J])
-        on = cmd[1 + J:1 + 2 * J] > 0.5
+            cmd = Shared(shared_cmd.copy(), command_fields(J))
+        if cmd.place_seq[0] != place_seen:
+            place_seen = cmd.place_seq[0]
+            plant.reset(cmd.place_q[None])
+        on = cmd.torque > 0.5
         protection.clear(on & ~on_before)                    # torque on again: the firmware starts afresh
         on_before = on
-        written = cmd[1 + 3 * J:end_regs].reshape(len(REGISTERS), J).copy()
-        guard = cmd[end_regs:-1].reshape(len(PROTECTION), J)
-        if drives and cmd[-1] != supply_seen:
-            supply_seen = cmd[-1]
+        if drives and cmd.supply_v[0] != supply_seen:
+            supply_seen = cmd.supply_v[0]
             plant.supply(supply_seen or servo_volts)
-        written[REGISTERS.index("torque_limit")] = protection.torque_limit(written[REGISTERS.index("torque_limit")],
-                                                                           guard)
+        written = cmd.registers                              # a copy: the in-force torque limit goes in
+        limit = REGISTERS.index("torque_limit")
+        written[limit] = protection.torque_limit(written[limit], cmd.protection)
         if drives and (written != registers_seen).any():
-            registers_seen = written
+            registers_seen = written.copy()
             plant.sim.registers = dataclasses.replace(
                 plant.sim.registers, **{name: torch.tensor(row, dtype=plant.sim.q.dtype)[None]
                                         for name, row in zip(REGISTERS, written)})
@@ -277,15 +289,15 @@ def _serve(robot, q0, compile, kind, arm, state_arr, cmd_arr, lock, stop, ready)
         # is not the physics' cost, and counted as such it made the plant drop that very stall.
         t_step = time.thread_time()
         plant.torque((on & ~protection.cut())[None])
-        plant.step(cmd[None, 1:1 + J], dt)
+        plant.step(cmd.goal[None], dt)
         if drives:
             duty, current = (x[0] for x in plant.load_and_current())
-            protection.update(t_sim + dt, duty, current, on, guard)
+            protection.update(t_sim + dt, duty, current, on, cmd.protection)
         cost += 0.05 * (time.thread_time() - t_step - cost)
         t_sim += dt
         seq += 1
         with lock:
-            if c[0] == place_seen:                           # else placed meanwhile: this step is void
+            if c.place_seq[0] == place_seen:                 # else placed meanwhile: this step is void
                 publish()
 
 
