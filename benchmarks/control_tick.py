@@ -32,10 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import queue
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -55,6 +51,7 @@ from soarm.robot.emulator import FaultCfg, ServoBusEmulator  # noqa: E402
 from soarm.robot.emulator_process import EmulatorProcess  # noqa: E402
 from soarm.robot.loop import ControlLoop  # noqa: E402
 from soarm.robot.safety import SafetyCfg, SafetyLayer  # noqa: E402
+from tests.helpers import SoarmRun, wait_until  # noqa: E402
 
 TARGET = np.array([0.22, 0.05, 0.15], dtype=np.float32)
 
@@ -215,21 +212,12 @@ def _injected(rig, name, stats) -> int:
             "garbage_reading": c["garbage"]}.get(name, stats.read_failures or 1)
 
 
-def _wait(pred, timeout: float) -> bool:
-    t_end = time.monotonic() + timeout
-    while time.monotonic() < t_end:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def _driver(port: str, policy: Path, cal: str, ready: bool = True):
     """A driver started on `port`; `ready`: wait until it is connected and disabled."""
     from soarm.robot.driver import DISABLED, DriverCfg, ReachDriver
 
     driver = ReachDriver(DriverCfg(port=port, policy=str(policy), calibration=cal)).start()
-    if ready and not _wait(lambda: driver.state == DISABLED, 60):
+    if ready and not wait_until(lambda: driver.state == DISABLED, 60):
         raise RuntimeError(f"driver did not connect: {driver.reason}")
     return driver
 
@@ -259,7 +247,7 @@ def estop_under_noise(policy: Path, repeat: int) -> dict:
             emu.wait(0.5)
             emu.faults = FaultCfg(noise=True)
             failures = driver.loop.stats.read_failures
-            _wait(lambda: driver.loop.stats.read_failures > failures, 5)
+            wait_until(lambda: driver.loop.stats.read_failures > failures, 5)
             t_request = time.monotonic()
             driver.estop()
             latencies.append(driver.estop_latency_ms)
@@ -287,7 +275,7 @@ def replug(policy: Path, repeat: int) -> dict:
             check = _enable_checked(driver)
             time.sleep(0.5)
             emu.kill()                                     # unplugged ...
-            _wait(lambda: driver.state == "fault", 10)
+            wait_until(lambda: driver.state == "fault", 10)
             emu.stop()
             emu = EmulatorProcess(cal, seed=1, args=args, calibrate=False)   # ... and plugged in again
             t0 = time.perf_counter()
@@ -296,7 +284,7 @@ def replug(policy: Path, repeat: int) -> dict:
             times.append((time.perf_counter() - t0) * 1e3)
             outside, too_fast = outside + check.outside, too_fast + check.too_fast
             driver.disable()
-            _wait(lambda: driver.state == "disabled", 30)
+            wait_until(lambda: driver.state == "disabled", 30)
         reconnects = driver.diagnostics()["reconnects"]
         driver.close()
         emu.stop()
@@ -329,29 +317,18 @@ def double_ctrl_c(policy: Path, repeat: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         arm = CalibratedArm(tmp)
         watch = arm.watch()
-        cmd = [sys.executable, "-m", "soarm.cli", "run", "--port", arm.emu.port, "--calibration", arm.path,
-               "--policy", str(policy), "--target", "0.22", "0.1", "0.15", "--hold", "120"]
         for _ in range(repeat):
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-            lines: queue.Queue[str] = queue.Queue()
-            threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-            seen: list[str] = []
-
-            def printed(words: str) -> bool:
-                while not lines.empty():
-                    seen.append(lines.get())
-                return any(words in x for x in seen)
-            if not (_wait(lambda: printed("fingertip error"), 120)):
-                raise RuntimeError("soarm run did not reach: " + "".join(seen))
-            proc.send_signal(signal.SIGINT)
-            _wait(lambda: printed("moving to the park pose"), 30)
+            run = SoarmRun("--port", arm.emu.port, "--calibration", arm.path, "--policy", str(policy),
+                           "--target", "0.22", "0.1", "0.15", "--hold", "120")
+            if not wait_until(lambda: run.printed("fingertip error"), 120):
+                raise RuntimeError("soarm run did not reach: " + "".join(run.seen))
+            run.interrupt()
+            wait_until(lambda: run.printed("moving to the park pose"), 30)
             t_second = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            proc.wait(30)
+            run.interrupt()
+            run.proc.wait(30)
             torque_left_on += int(any(arm.emu.torque_enabled()))
-            clean += int("Traceback" not in proc.stderr.read())
+            clean += int("Traceback" not in run.proc.stderr.read())
             off_ms.append((arm.emu.torque_dropped_at - t_second) * 1e3)
         counts = watch.close()
         arm.emu.stop()
@@ -370,7 +347,7 @@ def two_openers(policy: Path, repeat: int) -> dict:
         check = _enable_checked(driver)
         for _ in range(repeat):
             second = _driver(arm.emu.port, policy, arm.path, ready=False)
-            _wait(lambda: second.state == "fault", 30)
+            wait_until(lambda: second.state == "fault", 30)
             refused += int("in use by another process" in second.reason)
             one_line += int("\n" not in second.reason)
             enabled_second += int(second.enable()[0])
@@ -437,14 +414,14 @@ def supply_sag(policy: Path, repeat: int) -> dict:
             went_on += int(driver.state == "enabled")
             t_sag = time.monotonic()
             arm.emu.supply(3.6)
-            _wait(lambda: driver.state == "fault", 10)
+            wait_until(lambda: driver.state == "fault", 10)
             tripped += int("error_0x01" in driver.reason and not any(arm.emu.torque_enabled()))   # voltage bit
             off_ms.append((arm.emu.torque_dropped_at - t_sag) * 1e3)
             arm.emu.supply(7.4)
             outside, too_fast = outside + check.outside, too_fast + check.too_fast
             reenabled += int(driver.enable()[0])                    # enable is the reset
             driver.disable()
-            _wait(lambda: driver.state == "disabled", 30)
+            wait_until(lambda: driver.state == "disabled", 30)
         driver.close()
         counts = watch.close()
         arm.emu.stop()

@@ -1,6 +1,12 @@
 """What several test modules share (imported as `tests.helpers`; fixtures live in conftest.py)."""
 
 import contextlib
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
 import time
 
 from soarm.training.modules import PolicyCfg
@@ -25,6 +31,34 @@ def wait_until(pred, timeout: float = 5.0, every: float = 0.02) -> bool:
             return True
         time.sleep(every)
     return False
+
+
+class SoarmRun:
+    """`soarm run ARGS...` in a process of its own, started as a terminal starts it: SIGINT at
+    its default, so `interrupt()` is a Ctrl-C (a shell without job control starts background
+    jobs, pytest under CI's script say, with SIGINT ignored, and every child inherits that).
+    Its stdout is collected line by line into `seen`."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "soarm.cli", "run", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [self._lines.put(line) for line in self.proc.stdout], daemon=True).start()
+        self.seen: list[str] = []
+
+    def printed(self, words: str) -> bool:
+        """Whether a line printed so far holds `words`."""
+        while not self._lines.empty():
+            self.seen.append(self._lines.get())
+        return any(words in line for line in self.seen)
+
+    def interrupt(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from soarm.robot.driver import DISABLED, ENABLED, FAULT, PARKING, DriverCfg, Rea
 from soarm.robot.emulator import FaultCfg
 from soarm.robot.emulator_process import EmulatorProcess
 from soarm.logs import read_log
-from tests.helpers import calibrated_arm, wait_until as wait
+from tests.helpers import SoarmRun, calibrated_arm, wait_until as wait
 
 pytestmark = pytest.mark.bus
 
@@ -274,43 +274,22 @@ def test_soarm_run_reaches_then_parks_with_torque_off(emulated, tmp_path):
 def test_ctrl_c_again_while_parking_turns_torque_off_at_once_without_a_traceback(tmp_path):
     """`soarm run` in its own process: the first Ctrl-C starts the park, a second one during
     it used to kill the bus thread mid-park and leave all six servos powered."""
-    import os
-    import queue
-    import signal
-    import subprocess
-    import sys
-    import threading
-
     from soarm import REPO_ROOT
     from soarm.robot.bus import FeetechBus
 
     link, cal = tmp_path / "so101", tmp_path / "cal.json"
     emu = EmulatorProcess(cal, seed=3, args=("--no-compile", "--link", str(link)))
-    cmd = [sys.executable, "-m", "soarm.cli", "run", "--port", str(link), "--calibration", str(cal),
-           "--policy", str(REPO_ROOT / "data" / "policies" / "reach.onnx"), "--target", "0.22", "0.1", "0.15",
-           "--hold", "120"]
-    # Ctrl-C as a terminal delivers it: Python installs its KeyboardInterrupt handler only where
-    # SIGINT is not inherited ignored, and a shell without job control starts a background job
-    # (pytest under CI's script, say) with SIGINT ignored, which every child inherits.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    seen: list[str] = []
-
-    def printed(words: str) -> bool:
-        while not lines.empty():
-            seen.append(lines.get())
-        return any(words in line for line in seen)
+    run = SoarmRun("--port", str(link), "--calibration", str(cal), "--policy",
+                   str(REPO_ROOT / "data" / "policies" / "reach.onnx"), "--target", "0.22", "0.1", "0.15", "--hold", "120")
+    seen = run.seen
     try:
-        assert wait(lambda: printed("fingertip error"), 120), "".join(seen)
-        proc.send_signal(signal.SIGINT)
-        assert wait(lambda: printed("moving to the park pose"), 30), "".join(seen)    # whole, unlike a list's repr
-        proc.send_signal(signal.SIGINT)
-        rc = proc.wait(30)
-        err = proc.stderr.read()
-        assert wait(lambda: printed("soarm run:"), 10), seen
+        assert wait(lambda: run.printed("fingertip error"), 120), "".join(seen)
+        run.interrupt()
+        assert wait(lambda: run.printed("moving to the park pose"), 30), "".join(seen)    # whole, unlike a list's repr
+        run.interrupt()
+        rc = run.proc.wait(30)
+        err = run.proc.stderr.read()
+        assert wait(lambda: run.printed("soarm run:"), 10), seen
         assert rc == 1 and "Traceback" not in err, err
         assert any("Ctrl-C twice" in line for line in seen), seen
         bus = FeetechBus(str(link), {f"j{sid}": sid for sid in range(1, 7)})
@@ -318,8 +297,7 @@ def test_ctrl_c_again_while_parking_turns_torque_off_at_once_without_a_traceback
         assert all(bus.read("Torque_Enable", sid) == 0 for sid in range(1, 7)), (seen, err)
         bus.close()
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        run.kill()
         emu.stop()
 
 
