@@ -208,7 +208,7 @@ def build_plant(robot: RobotDescription, q0, compile: bool, kind: str, arm: ArmP
         plant = MujocoArm(robot, 1)
     else:
         servo = config.load(ServoConfig, CONFIG_DIR / task.servo)
-        plant = SimPlant.build(robot, servo, 1, task.physics_dt, arm=arm, compile=compile)
+        plant = SimPlant.build(robot, servo, 1, task.physics_dt, arm=arm, compile=compile, reports_drive=True)
     q = np.asarray(q0 if q0 is not None else rest_pose(plant, robot, kind), dtype=float)
     plant.reset(q[None])
     plant.torque(np.zeros((1, len(q)), dtype=bool))

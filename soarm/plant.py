@@ -121,7 +121,7 @@ class SimPlant(Plant):
               backlash: float = 0.0, compile: bool = False, **switches) -> SimPlant:
         """n arms; `arm` (soarm.arm_params.ArmParams): every arm that one (its play included);
         `backlash`: the gear-play model on with at least this play (rad) in every joint;
-        `switches`: ArmSim's (pd_drives, carries_payload)."""
+        `switches`: ArmSim's (pd_drives, carries_payload, reports_drive)."""
         play = max(backlash, 0.0 if arm is None else arm.max_backlash(robot))
         sim = ArmSim(robot, servo.params, servo.registers, n, dt, backlash=play, **switches)
         if arm is not None:
@@ -178,8 +178,11 @@ class SimPlant(Plant):
 
     def load_and_current(self) -> tuple[np.ndarray, np.ndarray]:
         """Each servo's PWM duty last step (signed fraction of full; 0 with torque off) and its
-        motor current (A), [N, J]: what the servo reports as Present_Load and Present_Current."""
+        motor current (A), [N, J]: what the servo reports as Present_Load and Present_Current.
+        Needs a sim built with `reports_drive`."""
         sim = self.sim
+        if not sim.reports_drive:
+            raise RuntimeError("load_and_current: build the plant with reports_drive=True")
         duty = torch.where(sim.enabled, sim.firmware.duty, 0.0)
         current = torch.where(sim.enabled, motor_current(sim.servo, duty, sim.qd), 0.0)
         return duty.double().numpy(), current.double().numpy()

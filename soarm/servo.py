@@ -132,7 +132,7 @@ class ServoState:
         self.target = quantize(q).clone()
         self.target_vel = torch.zeros_like(q)
         self.integral = torch.zeros_like(q)
-        self.duty = torch.zeros_like(q)            # the PWM applied last step (its Present_Load)
+        self.duty = torch.zeros_like(q)            # the PWM applied last step, where kept (its Present_Load)
 
     def reset(self, mask: torch.Tensor, q: torch.Tensor) -> None:
         """Restart servos where `mask` [N] is true at measured position q (torque-on: goal := present)."""
@@ -146,13 +146,14 @@ class ServoState:
 def servo_torque(state: ServoState, goal: torch.Tensor, q_meas: torch.Tensor, qd: torch.Tensor,
                  p: ServoParams, reg: ServoRegisters, dt: float,
                  gain_scale: torch.Tensor | float = 1.0, voltage: torch.Tensor | float | None = None,
-                 enabled: torch.Tensor | bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                 enabled: torch.Tensor | bool = True, keep_duty: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Actuator torque [N,J] (motor and viscous friction) for goals and measured positions
     (rad, whole ticks), and the Coulomb friction limit [N,J] for `integrate`; advances the
     firmware by dt.
 
     `gain_scale` multiplies the loop gain (randomizes unit-to-unit spread); `voltage`
-    overrides the supply (a recorded voltage, or a randomized one).
+    overrides the supply (a recorded voltage, or a randomized one). `keep_duty`: record the
+    duty applied in `state.duty` (the emulator reports it; training never reads it).
     """
     vmax = p.max_velocity if reg.goal_speed == 0 else min(p.max_velocity, reg.goal_speed * TICK)
     # Speed/acceleration profile of the internal target (trapezoidal, no overshoot); the
@@ -173,7 +174,8 @@ def servo_torque(state: ServoState, goal: torch.Tensor, q_meas: torch.Tensor, qd
     duty = p.error_gain * gain_scale * (reg.p * err + reg.i * state.integral) - p.d_gain * reg.d * qd
     lim = p.max_pwm * reg.torque_limit / 1000.0
     duty = torch.clamp(duty, -lim, lim)
-    state.duty = duty
+    if keep_duty:
+        state.duty = duty
     volts = duty * (p.voltage if voltage is None else voltage)
     tau = p.kt / p.resistance * (volts - p.kt * qd)
     if enabled is not True:

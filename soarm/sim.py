@@ -59,12 +59,13 @@ class ArmSim:
     def __init__(self, robot: RobotDescription, servo: ServoParams, registers: ServoRegisters,
                  num_envs: int, dt: float, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, backlash: float = 0.0, pd_drives: bool = False,
-                 carries_payload: bool = False):
+                 carries_payload: bool = False, reports_drive: bool = False):
         """`backlash`: rad of free play in each servo's gearbox, see `_gear_play`. Any value
         above 0 switches the gear-play model on (`gear_play`) for the sim's lifetime; the
         per-environment play is then `physics.backlash`, which randomization may redraw.
         `pd_drives` and `carries_payload` switch on the per-environment PD actuators
-        (`implicit_pd`, where `physics.pd`) and fingertip payloads (`physics.payload`); the
+        (`implicit_pd`, where `physics.pd`) and fingertip payloads (`physics.payload`);
+        `reports_drive` keeps each servo's duty (the emulator's Present_Load and current); the
         switches keep the physics step free of what a sim never uses."""
         self.robot, self.servo, self.registers = robot, servo, registers
         self.N, self.dt = num_envs, dt
@@ -89,7 +90,7 @@ class ArmSim:
                                pd_kp=zeros.clone(), pd_kv=zeros.clone(), pd_force=zeros.clone(),
                                pd_damping=zeros.clone())
         self.gear_play = backlash > 0
-        self.pd_drives, self.carries_payload = pd_drives, carries_payload
+        self.pd_drives, self.carries_payload, self.reports_drive = pd_drives, carries_payload, reports_drive
         self.slack = torch.zeros_like(ones)          # motor side minus output side, |slack| <= backlash / 2
         self.motor_vel = torch.zeros_like(ones)
 
@@ -153,7 +154,8 @@ class ArmSim:
         params = dataclasses.replace(self.servo, friction_viscous=ph.viscous, friction_coulomb=ph.coulomb,
                                      friction_load=ph.friction_load, deadband_ticks=ph.deadband)
         tau, coulomb = servo_torque(self.firmware, self.goal, self.measured(), self.qd, params,
-                                    self.registers, self.dt, gain_scale=ph.gain_scale, enabled=self.enabled)
+                                    self.registers, self.dt, gain_scale=ph.gain_scale, enabled=self.enabled,
+                                    keep_duty=self.reports_drive)
         # Static friction: a joint that ended the last step stuck (integrate leaves it at exactly 0)
         # must be pushed past its kinetic friction plus the stiction to move again.
         coulomb = coulomb + torch.where(self.qd == 0, ph.stiction, 0.0)
